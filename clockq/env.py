@@ -1,0 +1,103 @@
+"""Small helpers that read settings from the environment and reject bad values loudly."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no")
+
+
+def env_int(name: str, default: int, *, min_value: int | None = None, max_value: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
+    if min_value is not None and value < min_value:
+        raise ImproperlyConfigured(f"{name}={value} is below the minimum {min_value}")
+    if max_value is not None and value > max_value:
+        raise ImproperlyConfigured(f"{name}={value} is above the maximum {max_value}")
+    return value
+
+
+def env_float(name: str, default: float, *, min_value: float, max_value: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if not (min_value <= value <= max_value):
+        raise ImproperlyConfigured(f"{name}={value} is outside [{min_value}, {max_value}]")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def parse_gpus(raw: str) -> str | list[int]:
+    """`auto`, `sim:N` or a comma list of GPU indices such as `0,1,3`.
+
+    Returns "auto", "sim:N" (normalised) or the list of indices.
+    """
+    value = raw.strip().lower()
+    if value == "auto":
+        return "auto"
+    if value.startswith("sim:"):
+        count = value[4:]
+        if not count.isdigit() or not (1 <= int(count) <= 64):
+            raise ImproperlyConfigured(f"CLOCKQ_GPUS={raw!r}: sim:N needs N between 1 and 64")
+        return f"sim:{int(count)}"
+    try:
+        indices = [int(part) for part in value.split(",")]
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"CLOCKQ_GPUS={raw!r}: use auto, sim:N or a comma list of GPU indices like 0,1,3"
+        ) from None
+    if any(i < 0 or i > 255 for i in indices) or len(set(indices)) != len(indices):
+        raise ImproperlyConfigured(f"CLOCKQ_GPUS={raw!r}: indices must be distinct and in 0..255")
+    return indices
+
+
+def persistent_secret(path: Path, nbytes: int = 48) -> str:
+    """A random secret kept in a 0600 file, so restarts keep sessions and passwords valid."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value = secrets.token_urlsafe(nbytes)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        existing = path.read_text().strip()
+        if not existing:
+            raise ImproperlyConfigured(f"{path} is empty; delete it to generate a new secret") from None
+        return existing
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    return value

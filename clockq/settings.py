@@ -1,0 +1,199 @@
+"""clockq settings. Every value comes from the environment; a bad one raises ImproperlyConfigured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+from kombu import Exchange, Queue
+
+from clockq.env import env_bool, env_float, env_int, env_list, env_str, parse_gpus, persistent_secret
+from clockq.policy.tiers import QUEUES_IN_ORDER
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("CLOCKQ_VAR_DIR") or BASE_DIR / "var")
+
+SECRET_KEY = env_str("SECRET_KEY") or persistent_secret(VAR_DIR / "secret_key")
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_celery_beat",
+    "webapp",
+    "workers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "clockq.urls"
+WSGI_APPLICATION = "clockq.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------------
+
+_default_db_url = f"sqlite:///{VAR_DIR / 'clockq.sqlite3'}"
+try:
+    _db = dj_database_url.parse(env_str("DATABASE_URL") or _default_db_url, conn_max_age=60)
+except Exception as exc:  # dj_database_url raises several types for a malformed URL
+    raise ImproperlyConfigured(f"DATABASE_URL is not a usable database URL: {exc}") from None
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # Workers, beat and the web server share one file: WAL lets readers run beside a writer,
+    # IMMEDIATE transactions take the write lock up front instead of failing on upgrade.
+    _db["CONN_MAX_AGE"] = 0
+    _db["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    # Tests with worker processes need a file, not an in-memory database.
+    _db["TEST"] = {"NAME": str(VAR_DIR / "test-clockq.sqlite3")}
+    Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+elif _db["ENGINE"] == "django.db.backends.postgresql":
+    _db["CONN_HEALTH_CHECKS"] = True
+else:
+    raise ImproperlyConfigured(f"DATABASE_URL: only sqlite and postgresql are supported, not {_db['ENGINE']}")
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True  # serve app static files without a collectstatic step
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "job-list"
+LOGOUT_REDIRECT_URL = "login"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Basic first, so an unauthenticated call gets 401 with a WWW-Authenticate header.
+        "rest_framework.authentication.BasicAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "clockq": {"handlers": ["console"], "level": env_str("CLOCKQ_LOG_LEVEL") or "INFO", "propagate": False},
+    },
+}
+
+# --- broker and Celery ----------------------------------------------------------------------
+
+EMBEDDED_REDIS_PORT = env_int("CLOCKQ_EMBEDDED_REDIS_PORT", 6390, min_value=1024, max_value=65535)
+REDIS_URL = env_str("REDIS_URL") or f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+    raise ImproperlyConfigured(f"REDIS_URL={REDIS_URL!r} must start with redis://, rediss:// or unix://")
+
+CONTROL_QUEUE = "control"
+_exchange = Exchange("clockq", type="direct")
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None  # the database holds every result that matters
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_QUEUES = [Queue(name, _exchange, routing_key=name) for name in (*QUEUES_IN_ORDER, CONTROL_QUEUE)]
+CELERY_TASK_DEFAULT_QUEUE = CONTROL_QUEUE
+CELERY_TASK_DEFAULT_EXCHANGE = "clockq"
+CELERY_TASK_DEFAULT_ROUTING_KEY = CONTROL_QUEUE
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Messages are only wake-ups; the reconciler re-dispatches any queued job whose message is gone
+# within seconds. So the visibility timeout only needs to outlast the longest run of continued
+# slices, to keep Redis from re-delivering a message whose task is still working. A re-delivery
+# is harmless anyway: the claim's compare-and-set drops it.
+VISIBILITY_TIMEOUT_S = env_int("CLOCKQ_VISIBILITY_TIMEOUT_S", 6 * 3600, min_value=60)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "queue_order_strategy": "priority",
+    "visibility_timeout": VISIBILITY_TIMEOUT_S,
+}
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+
+RECONCILE_EVERY_S = env_int("CLOCKQ_RECONCILE_EVERY_S", 15, min_value=1)
+CELERY_BEAT_SCHEDULE = {
+    "reconcile-queued-jobs": {
+        "task": "clockq.reconcile_queued_jobs",
+        "schedule": float(RECONCILE_EVERY_S),
+        "options": {"queue": CONTROL_QUEUE, "expires": RECONCILE_EVERY_S},
+    },
+}
+
+# --- clockq ---------------------------------------------------------------------------------
+
+CLOCKQ_GPUS = parse_gpus(env_str("CLOCKQ_GPUS") or "auto")
+CLOCKQ_CHECKPOINT_DIR = Path(env_str("CLOCKQ_CHECKPOINT_DIR") or VAR_DIR / "checkpoints")
+PORT = env_int("PORT", 8000, min_value=1, max_value=65535)
+FLOWER_PORT = env_int("FLOWER_PORT", 5555, min_value=1, max_value=65535)
+CLOCKQ_ADMIN_PASSWORD = env_str("CLOCKQ_ADMIN_PASSWORD")
+
+# A workload that raises is rolled back to its last checkpoint and retried this many times.
+CLOCKQ_MAX_RETRIES = env_int("CLOCKQ_MAX_RETRIES", 3, min_value=0, max_value=100)
+# A job that keeps running in continued slices still checkpoints this often, so a crash or a
+# failing step loses at most this much work.
+CLOCKQ_CHECKPOINT_EVERY_S = env_float("CLOCKQ_CHECKPOINT_EVERY_S", 60.0, min_value=0.0, max_value=86400.0)
+# A queued job whose message has been missing from the broker this long is dispatched again.
+CLOCKQ_REDISPATCH_GRACE_S = env_float("CLOCKQ_REDISPATCH_GRACE_S", 10.0, min_value=0.0, max_value=3600.0)
+
+CLOCKQ_WORKLOADS = {
+    "synthetic": "workers.workloads.synthetic.SyntheticWorkload",
+    "matmul": "workers.workloads.matmul.MatmulWorkload",
+    "keras_train": "workers.workloads.keras_train.KerasTrainWorkload",
+    "command": "workers.workloads.command.CommandWorkload",
+}

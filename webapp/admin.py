@@ -1,0 +1,186 @@
+"""The operators' console: jobs with their slices and events, tiers, and the job actions."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.forms.models import BaseInlineFormSet
+from django.utils import timezone
+
+from webapp import services
+from webapp.models import Job, JobEvent, QueueTier, Slice
+from workers.workloads import registry
+
+
+@admin.register(QueueTier)
+class QueueTierAdmin(admin.ModelAdmin):
+    list_display = ["code", "rank", "use", "queue_name", "wait_target_ms", "base_slice_ms", "min_slice_ms"]
+    list_editable = ["wait_target_ms", "base_slice_ms", "min_slice_ms"]
+    # Code, rank and queue are wired into Celery routing; they are not editable here.
+    readonly_fields = ["code", "rank", "queue_name"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class RecentRowsFormSet(BaseInlineFormSet):
+    """Show only the newest rows: a long job has many thousands of slices."""
+
+    limit = 200
+
+    def get_queryset(self):
+        return super().get_queryset()[: self.limit]
+
+
+class SliceInline(admin.TabularInline):
+    model = Slice
+    formset = RecentRowsFormSet
+    extra = 0
+    can_delete = False
+    ordering = ["-started_at", "-id"]
+    fields = ["started_at", "worker", "gpu_index", "planned_ms", "used_ms", "steps", "outcome", "checkpoint_bytes",
+              "checkpoint_ms"]
+    readonly_fields = fields
+    max_num = 0  # no adding from the admin
+    show_change_link = False
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    formset = RecentRowsFormSet
+    ordering = ["-at", "-id"]
+    extra = 0
+    can_delete = False
+    fields = ["at", "from_state", "to_state", "reason", "actor"]
+    readonly_fields = fields
+    max_num = 0
+
+
+class JobAddForm(forms.ModelForm):
+    workload = forms.ChoiceField(choices=())
+
+    class Meta:
+        model = Job
+        fields = ["owner", "name", "tier", "workload", "params", "deadline"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["workload"].choices = [(n, n) for n in registry.available()]
+
+    def clean_deadline(self):
+        deadline = self.cleaned_data.get("deadline")
+        if deadline and deadline <= timezone.now():
+            raise forms.ValidationError("The deadline must be in the future.")
+        return deadline
+
+    def clean(self):
+        cleaned = super().clean()
+        workload, params = cleaned.get("workload"), cleaned.get("params")
+        if workload:
+            try:
+                # Only staff reach the admin, so staff-only workloads are allowed here.
+                cleaned["params"] = registry.validate(workload, params or {}, is_staff=True)
+            except registry.UnknownWorkload as exc:
+                self.add_error("workload", str(exc))
+            except registry.ParamsError as exc:
+                self.add_error("params", "; ".join(f"{k}: {v}" for k, v in exc.errors.items()))
+        return cleaned
+
+
+class JobChangeForm(forms.ModelForm):
+    class Meta:
+        model = Job
+        fields = ["name", "deadline"]
+
+    def clean_deadline(self):
+        deadline = self.cleaned_data.get("deadline")
+        if deadline and deadline != self.initial.get("deadline") and deadline <= timezone.now():
+            raise forms.ValidationError("The deadline must be in the future.")
+        return deadline
+
+
+def _run_action(modeladmin, request, queryset, action, verb):
+    done, refused = 0, []
+    for job in queryset:
+        try:
+            action(job, actor=request.user.get_username())
+            done += 1
+        except services.ActionRefused as exc:
+            refused.append(str(exc))
+    if done:
+        modeladmin.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS)
+    for reason in refused[:10]:
+        modeladmin.message_user(request, reason, messages.WARNING)
+
+
+@admin.action(description="Cancel selected jobs")
+def cancel_jobs(modeladmin, request, queryset):
+    _run_action(modeladmin, request, queryset, services.cancel_job, "Cancelled")
+
+
+@admin.action(description="Requeue selected jobs (resume from last checkpoint)")
+def requeue_jobs(modeladmin, request, queryset):
+    _run_action(modeladmin, request, queryset, services.requeue_job, "Requeued")
+
+
+@admin.action(description="Hold selected jobs")
+def hold_jobs(modeladmin, request, queryset):
+    _run_action(modeladmin, request, queryset, services.hold_job, "Held")
+
+
+@admin.action(description="Release selected held jobs")
+def release_jobs(modeladmin, request, queryset):
+    _run_action(modeladmin, request, queryset, services.release_job, "Released")
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "owner", "tier", "workload", "state", "progress_pct", "slice_count", "failures",
+                    "submitted_at"]
+    list_filter = ["state", "tier", "owner", "workload"]
+    search_fields = ["name", "owner__username", "workload", "last_error"]
+    list_select_related = ["owner", "tier"]
+    actions = [cancel_jobs, requeue_jobs, hold_jobs, release_jobs]
+    inlines = [SliceInline, JobEventInline]
+    readonly_fields = ["owner", "tier", "original_tier", "workload", "params", "state", "progress", "pending_action",
+                       "submitted_at", "enqueued_at", "first_started_at", "finished_at", "wait_ms", "run_ms",
+                       "slice_count", "checkpoint_generation", "dispatch_token", "dispatched_at", "worker",
+                       "failures", "last_error"]
+
+    @admin.display(description="progress")
+    def progress_pct(self, job):
+        return f"{job.progress:.0%}"
+
+    def get_form(self, request, obj=None, **kwargs):
+        kwargs["form"] = JobAddForm if obj is None else JobChangeForm
+        return super().get_form(request, obj, **kwargs)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else self.readonly_fields
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return JobAddForm.Meta.fields
+        return ["name", "deadline", *self.readonly_fields]
+
+    def get_inlines(self, request, obj):
+        return self.inlines if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            # Only name and deadline are editable; save just those so a worker's concurrent
+            # update of progress or state is never overwritten by a stale form.
+            Job.objects.filter(pk=obj.pk).update(name=obj.name, deadline=obj.deadline)
+            return
+        cd = form.cleaned_data
+        job = services.submit_job(owner=cd["owner"], name=cd["name"], tier_code=cd["tier"].code,
+                                  workload=cd["workload"], params=cd["params"], deadline=cd["deadline"],
+                                  actor=request.user.get_username())
+        obj.pk = job.pk
+
+    def has_delete_permission(self, request, obj=None):
+        # Deleting would lose the history; cancel instead.
+        return False

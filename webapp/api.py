@@ -1,0 +1,99 @@
+"""The JSON API. Session, token or HTTP basic auth; see REST_FRAMEWORK in settings."""
+
+from __future__ import annotations
+
+from django.db.models import Count
+from django.shortcuts import get_object_or_404
+from rest_framework import status
+from rest_framework.decorators import api_view
+from rest_framework.exceptions import ParseError
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.response import Response
+
+from clockq.policy.states import JobState
+from webapp import services
+from webapp.access import visible_jobs
+from webapp.forms import JobSubmitForm
+from webapp.models import Job, QueueTier
+from webapp.serializers import EventSerializer, JobSerializer, SliceSerializer
+from workers import heartbeat
+
+SUBMIT_FIELDS = {"name", "tier", "workload", "params", "deadline"}
+
+
+@api_view(["GET", "POST"])
+def jobs(request):
+    if request.method == "POST":
+        return _submit(request)
+    queryset = visible_jobs(request.user).order_by("-id")
+    if state := request.query_params.get("state"):
+        if state not in JobState._value2member_map_:
+            return Response({"state": [f"unknown state {state[:20]!r}"]}, status=400)
+        queryset = queryset.filter(state=state)
+    paginator = PageNumberPagination()
+    page = paginator.paginate_queryset(queryset, request)
+    return paginator.get_paginated_response(JobSerializer(page, many=True).data)
+
+
+def _submit(request):
+    data = request.data
+    if not isinstance(data, dict):
+        raise ParseError("The body must be a JSON object.")
+    unknown = set(data) - SUBMIT_FIELDS
+    if unknown:
+        return Response({"detail": f"unknown field(s): {', '.join(sorted(map(str, unknown)))[:200]}"}, status=400)
+    wrong_type = {
+        f: ["must be a string"]
+        for f in ("name", "tier", "workload", "deadline")
+        if data.get(f) is not None and not isinstance(data[f], str)
+    }
+    if wrong_type:
+        return Response(wrong_type, status=400)
+    form = JobSubmitForm(data, user=request.user)
+    if not form.is_valid():
+        return Response(form.errors.get_json_data(), status=400)
+    cd = form.cleaned_data
+    job = services.submit_job(owner=request.user, name=cd["name"], tier_code=cd["tier"], workload=cd["workload"],
+                              params=cd["params"], deadline=cd["deadline"])
+    return Response(JobSerializer(Job.objects.select_related("tier", "original_tier", "owner").get(pk=job.pk)).data,
+                    status=status.HTTP_201_CREATED)
+
+
+@api_view(["GET"])
+def job_detail(request, job_id: int):
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    data = JobSerializer(job).data
+    if request.query_params.get("history"):
+        data["slice_history"] = SliceSerializer(job.slices.all()[:500], many=True).data
+        data["events"] = EventSerializer(job.events.all()[:500], many=True).data
+    return Response(data)
+
+
+@api_view(["POST"])
+def job_cancel(request, job_id: int):
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    try:
+        job = services.cancel_job(job, actor=request.user.get_username())
+    except services.ActionRefused as exc:
+        return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+    return Response(JobSerializer(job).data)
+
+
+@api_view(["GET"])
+def queues(request):
+    counts = {
+        (row["tier__code"], row["state"]): row["n"]
+        for row in Job.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING, JobState.HELD])
+        .values("tier__code", "state").annotate(n=Count("id"))
+    }
+    tiers = [
+        {"tier": t.code, "queue": t.queue_name, "rank": t.rank, "use": t.use,
+         "waiting": counts.get((t.code, JobState.QUEUED), 0), "running": counts.get((t.code, JobState.RUNNING), 0),
+         "held": counts.get((t.code, JobState.HELD), 0), "wait_target_ms": t.wait_target_ms}
+        for t in QueueTier.objects.order_by("rank")
+    ]
+    try:
+        workers = heartbeat.live_workers()
+    except Exception:
+        workers = None
+    return Response({"tiers": tiers, "workers": workers})

@@ -1,0 +1,55 @@
+"""One validation path for every way a job comes in: the web form, the API and the admin."""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.utils import timezone
+
+from clockq.policy.tiers import TIER_CODES
+from workers.workloads import registry
+
+MAX_PARAMS_BYTES = 16 * 1024
+
+
+class JobSubmitForm(forms.Form):
+    name = forms.CharField(max_length=200, strip=True)
+    tier = forms.ChoiceField(choices=[(c, c) for c in TIER_CODES], initial="SP")
+    workload = forms.ChoiceField(choices=())
+    params = forms.JSONField(required=False, initial=dict, widget=forms.Textarea(attrs={"rows": 4}))
+    deadline = forms.DateTimeField(required=False, help_text="Optional; ISO 8601, e.g. 2030-01-31T18:00:00Z")
+
+    def __init__(self, *args, user=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user = user
+        self.fields["workload"].choices = [(name, name) for name in registry.available()]
+
+    def clean_params(self):
+        params = self.cleaned_data.get("params")
+        if params is None or params == "":
+            return {}
+        if len(json.dumps(params)) > MAX_PARAMS_BYTES:
+            raise forms.ValidationError(f"params must be at most {MAX_PARAMS_BYTES} bytes of JSON")
+        return params
+
+    def clean_deadline(self):
+        deadline = self.cleaned_data.get("deadline")
+        if deadline and deadline <= timezone.now():
+            raise forms.ValidationError("The deadline must be in the future.")
+        return deadline
+
+    def clean(self):
+        cleaned = super().clean()
+        workload = cleaned.get("workload")
+        if workload and "params" in cleaned:
+            is_staff = bool(self.user and self.user.is_staff)
+            try:
+                cleaned["params"] = registry.validate(workload, cleaned["params"], is_staff=is_staff)
+            except registry.UnknownWorkload as exc:
+                self.add_error("workload", str(exc))
+            except PermissionError as exc:
+                self.add_error("workload", str(exc))
+            except registry.ParamsError as exc:
+                self.add_error("params", "; ".join(f"{k}: {v}" for k, v in exc.errors.items()))
+        return cleaned

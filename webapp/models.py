@@ -1,0 +1,119 @@
+"""The database is the source of truth: jobs, their tiers, slices and events."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from clockq.policy.slicing import SliceOutcome
+from clockq.policy.states import ACTIVE_STATES, JobState
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+class QueueTier(models.Model):
+    code = models.CharField(max_length=2, unique=True)
+    rank = models.PositiveSmallIntegerField(unique=True, help_text="0 is the most urgent tier.")
+    use = models.CharField(max_length=100)
+    queue_name = models.CharField(max_length=20, unique=True, editable=False)
+    wait_target_ms = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Target wait before the first start; empty means best effort."
+    )
+    base_slice_ms = models.PositiveIntegerField(
+        default=50, validators=[MinValueValidator(1), MaxValueValidator(3_600_000)]
+    )
+    min_slice_ms = models.PositiveIntegerField(
+        default=20, validators=[MinValueValidator(1), MaxValueValidator(3_600_000)]
+    )
+
+    class Meta:
+        ordering = ["rank"]
+
+    def __str__(self) -> str:
+        return f"{self.code} ({self.use})"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        if self.min_slice_ms and self.base_slice_ms and self.min_slice_ms > self.base_slice_ms:
+            raise ValidationError({"min_slice_ms": "The minimum slice cannot exceed the base slice."})
+
+
+class Job(models.Model):
+    State = models.TextChoices("State", [(s.value, s.value) for s in JobState])
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=200)
+    tier = models.ForeignKey(QueueTier, on_delete=models.PROTECT, related_name="jobs")
+    original_tier = models.ForeignKey(QueueTier, on_delete=models.PROTECT, related_name="+")
+    workload = models.CharField(max_length=50)
+    params = models.JSONField(default=dict, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True)
+
+    state = models.CharField(max_length=10, choices=State.choices, default=JobState.QUEUED, db_index=True)
+    progress = models.FloatField(default=0.0)
+    # What an operator asked of a running job; honoured by the worker at the next slice boundary.
+    pending_action = models.CharField(max_length=10, blank=True, default="")
+
+    submitted_at = models.DateTimeField(auto_now_add=True)
+    enqueued_at = models.DateTimeField(null=True, blank=True, help_text="When the job last entered its queue.")
+    first_started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    wait_ms = models.BigIntegerField(default=0)
+    run_ms = models.BigIntegerField(default=0)
+
+    slice_count = models.PositiveIntegerField(default=0)
+    checkpoint_generation = models.PositiveIntegerField(default=0)
+    dispatch_token = models.CharField(max_length=32, default=new_token)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    failures = models.PositiveIntegerField(default=0, help_text="Failed slices since the last success or requeue.")
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["state", "tier"]), models.Index(fields=["owner", "-id"])]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+class Slice(models.Model):
+    Outcome = models.TextChoices("Outcome", [(o.value, o.value) for o in SliceOutcome])
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="slices")
+    worker = models.CharField(max_length=200)
+    gpu_index = models.IntegerField()
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField()
+    planned_ms = models.PositiveIntegerField()
+    used_ms = models.PositiveIntegerField()
+    steps = models.PositiveIntegerField(default=0)
+    outcome = models.CharField(max_length=10, choices=Outcome.choices)
+    checkpoint_bytes = models.PositiveBigIntegerField(default=0)
+    checkpoint_ms = models.FloatField(default=0.0)
+    restore_ms = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+
+
+class JobEvent(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True)
+    from_state = models.CharField(max_length=10)
+    to_state = models.CharField(max_length=10)
+    reason = models.TextField()
+    actor = models.CharField(max_length=200)
+
+    class Meta:
+        ordering = ["at", "id"]

@@ -1,0 +1,79 @@
+"""Compare-and-set state changes for jobs. Every change of a job's state goes through here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from clockq.policy.states import JobState, can_transition
+from webapp.models import Job, JobEvent, new_token
+
+log = logging.getLogger("clockq.transitions")
+
+
+def transition(
+    job_id: int,
+    *,
+    to: JobState,
+    expect: Iterable[JobState],
+    reason: str,
+    actor: str,
+    token: str | None = None,
+    rotate_token: bool = False,
+    updates: dict[str, Any] | None = None,
+) -> Job | None:
+    """Move a job to `to` if it is in one of `expect` (and holds `token`, when given).
+
+    Returns the updated job, or None when the job was elsewhere: another process got there
+    first, or the caller's token is stale. Nothing is written in that case.
+    With `rotate_token`, the job gets a fresh dispatch token, so every message sent before
+    this change becomes stale.
+    """
+    expect = frozenset(expect)
+    for src in expect:
+        if not can_transition(src, to):
+            raise ValueError(f"transition {src} -> {to} is not allowed")
+    fields: dict[str, Any] = {"state": to, **(updates or {})}
+    if rotate_token:
+        fields["dispatch_token"] = new_token()
+    # An operator's pending request is answered by any change of state.
+    fields.setdefault("pending_action", "")
+    now = timezone.now()
+    if to == JobState.QUEUED:
+        fields.setdefault("enqueued_at", now)
+        fields.setdefault("dispatched_at", now)
+        fields.setdefault("worker", "")
+
+    with transaction.atomic():
+        current = Job.objects.filter(pk=job_id).values_list("state", "dispatch_token").first()
+        if current is None:
+            return None
+        state, current_token = current
+        if state not in expect or (token is not None and current_token != token):
+            return None
+        match = Job.objects.filter(pk=job_id, state=state, dispatch_token=current_token)
+        if match.update(**fields) != 1:
+            return None  # another process changed the row between our read and our write
+        JobEvent.objects.create(job_id=job_id, from_state=state, to_state=to, reason=reason[:2000], actor=actor)
+        job = Job.objects.select_related("tier").get(pk=job_id)
+        if to == JobState.QUEUED:
+            transaction.on_commit(lambda: publish_dispatch(job.pk, job.dispatch_token, job.tier.queue_name))
+    log.info("job %s: %s -> %s (%s) by %s", job_id, state, to, reason, actor)
+    return job
+
+
+def publish_dispatch(job_id: int, token: str, queue_name: str) -> bool:
+    """Send the wake-up message. A failure is logged, not raised: the job is queued in the
+    database, and the reconciler sends it again once the broker is back."""
+    from workers.dispatch import send_run_slice
+
+    try:
+        send_run_slice(job_id, token, queue_name)
+    except Exception as exc:  # the broker may be down; the database already holds the truth
+        log.warning("job %s: dispatch to %s failed (%s); the reconciler will retry", job_id, queue_name, exc)
+        return False
+    return True

@@ -1,0 +1,16 @@
+from django.urls import path
+
+from webapp import api, health, views
+
+urlpatterns = [
+    path("", views.job_list, name="home"),
+    path("jobs/", views.job_list, name="job-list"),
+    path("jobs/new", views.job_new, name="job-new"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:job_id>/cancel", views.job_cancel, name="job-cancel"),
+    path("api/jobs", api.jobs, name="api-jobs"),
+    path("api/jobs/<int:job_id>", api.job_detail, name="api-job"),
+    path("api/jobs/<int:job_id>/cancel", api.job_cancel, name="api-job-cancel"),
+    path("api/queues", api.queues, name="api-queues"),
+    path("healthz", health.healthz, name="healthz"),
+]

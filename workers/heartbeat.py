@@ -1,0 +1,49 @@
+"""Worker liveness in Redis: each GPU worker refreshes a key with a short TTL.
+
+/healthz and /api/queues read these keys; they work across hosts because every host shares
+the broker. Celery's own `inspect ping` would need a broadcast round trip per request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+
+import redis
+
+from workers import broker
+
+log = logging.getLogger("clockq.heartbeat")
+
+KEY_PREFIX = "clockq:worker:"
+INTERVAL_S = 5
+TTL_S = 15
+
+
+def start(hostname: str, gpu_index: int | None) -> threading.Thread:
+    info = {"hostname": hostname, "gpu": gpu_index, "pid": os.getpid(), "host": socket.gethostname(),
+            "started": time.time()}
+
+    def beat() -> None:
+        while True:
+            try:
+                broker.client().set(KEY_PREFIX + hostname, json.dumps(info), ex=TTL_S)
+            except redis.RedisError as exc:
+                log.warning("heartbeat for %s failed: %s", hostname, exc)
+            time.sleep(INTERVAL_S)
+
+    thread = threading.Thread(target=beat, name="clockq-heartbeat", daemon=True)
+    thread.start()
+    return thread
+
+
+def live_workers() -> list[dict]:
+    r = broker.client()
+    keys = sorted(r.scan_iter(match=KEY_PREFIX + "*", count=500))
+    if not keys:
+        return []
+    return [json.loads(raw) for raw in r.mget(keys) if raw is not None]

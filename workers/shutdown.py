@@ -1,0 +1,17 @@
+"""A flag the slice runner checks at each boundary, set when this worker is asked to stop.
+
+gpuworkers sends SIGTERM to a worker's whole process group. The Celery parent begins its warm
+shutdown; the pool child, running a job, gets the signal here and yields at the next slice
+boundary (checkpoint and requeue), so the shutdown neither waits for the job nor loses work.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+requested = threading.Event()
+
+
+def install_handler() -> None:
+    signal.signal(signal.SIGTERM, lambda signum, frame: requested.set())

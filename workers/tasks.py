@@ -1,0 +1,45 @@
+"""Celery tasks. Each one is thin: it checks its arguments and calls into workers/."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+from celery import shared_task
+from celery.signals import worker_process_init, worker_ready
+
+from workers import heartbeat, reconcile, shutdown
+from workers.dispatch import RUN_SLICE_TASK
+from workers.slice_runner import WorkerIdentity, run_dispatch
+
+log = logging.getLogger("clockq.tasks")
+_TOKEN = re.compile(r"^[0-9a-f]{32}$")
+
+
+def gpu_index() -> int:
+    return int(os.environ.get("CLOCKQ_GPU_INDEX", "-1"))
+
+
+@shared_task(name=RUN_SLICE_TASK, bind=True, acks_late=True, ignore_result=True)
+def run_slice(self, job_id, token) -> str:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not isinstance(token, str) or not _TOKEN.match(token):
+        log.error("dropping malformed dispatch message: job_id=%r token=%r", job_id, token)
+        return "malformed"
+    return run_dispatch(job_id, token, WorkerIdentity(self.request.hostname or "unknown", gpu_index()))
+
+
+@shared_task(name="clockq.reconcile_queued_jobs", ignore_result=True)
+def reconcile_queued_jobs() -> int:
+    return reconcile.reconcile_queued_jobs()
+
+
+@worker_process_init.connect
+def _child_init(**_kwargs) -> None:
+    shutdown.install_handler()
+
+
+@worker_ready.connect
+def _start_heartbeat(sender=None, **_kwargs) -> None:
+    hostname = getattr(sender, "hostname", None) or "unknown"
+    heartbeat.start(hostname, gpu_index() if gpu_index() >= 0 else None)

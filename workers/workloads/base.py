@@ -1,0 +1,54 @@
+"""The contract every workload implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from workers.workloads.params import Schema
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where a workload runs: its job, its GPU and a scratch folder that survives requeues."""
+
+    job_id: int
+    gpu_index: int
+    work_dir: Path
+
+
+class Workload(ABC):
+    """A job's code. The slice runner calls `step()` until the slice is used up.
+
+    `state_dict()` returns the bytes needed to resume; the workload owns their format.
+    `load_state_dict()` is called after `setup()` when resuming from a checkpoint.
+    """
+
+    name: ClassVar[str]
+    params_schema: ClassVar[Schema]
+    staff_only: ClassVar[bool] = False
+
+    def __init__(self, params: dict[str, Any]):
+        self.params = params
+
+    def setup(self, ctx: RunContext) -> None:  # noqa: B027 - optional hook
+        """Prepare to run (build models, open files). Called once per claim."""
+
+    @abstractmethod
+    def step(self) -> float:
+        """Do one unit of work and return progress in [0, 1]; 1 means done."""
+
+    @abstractmethod
+    def state_dict(self) -> bytes: ...
+
+    @abstractmethod
+    def load_state_dict(self, state: bytes) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; called when the worker stops running this job."""
+
+    def declared_gpu_util(self) -> float | None:
+        """GPU utilisation the workload declares, for simulated GPUs. None if unknown."""
+        return None

@@ -1,0 +1,134 @@
+"""A real Keras 3 (TensorFlow backend) training run on generated data.
+
+The data is a generated regression problem: a fixed random "teacher" network, drawn from the
+`seed` param, labels standard-normal inputs. Each batch is drawn from a generator seeded by
+(seed, step index), so a run resumed from a checkpoint sees exactly the batches an
+uninterrupted run would.
+
+TensorFlow is imported lazily, inside `setup()`, so importing this module (for the registry,
+a form or the web process) stays cheap. This is the only workload that imports it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+import numpy as np
+
+from workers.workloads.base import RunContext, Workload
+from workers.workloads.params import Float, Int
+
+FEATURES = 16  # inputs per generated example
+_TEACHER_HIDDEN = 32
+_NOISE = 0.01
+_FORMAT_VERSION = 1
+
+
+def generated_batch(seed: int, step_index: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Batch number `step_index` of the generated data for `seed`: (x, y) as float32 arrays."""
+    teacher = np.random.default_rng(seed)
+    w1 = teacher.standard_normal((FEATURES, _TEACHER_HIDDEN)) / np.sqrt(FEATURES)
+    w2 = teacher.standard_normal((_TEACHER_HIDDEN, 1)) / np.sqrt(_TEACHER_HIDDEN)
+    rng = np.random.default_rng((seed, step_index))
+    x = rng.standard_normal((batch_size, FEATURES))
+    y = np.tanh(x @ w1) @ w2 + _NOISE * rng.standard_normal((batch_size, 1))
+    return x.astype(np.float32), y.astype(np.float32)
+
+
+class KerasTrainWorkload(Workload):
+    name = "keras_train"
+    params_schema = {
+        "steps": Int(1, 1_000_000, default=200, help="training steps (one batch each)"),
+        "batch_size": Int(1, 4096, default=64, help="examples per batch"),
+        "hidden": Int(1, 4096, default=64, help="width of the two hidden layers"),
+        "learning_rate": Float(1e-6, 1.0, default=1e-3, help="Adam learning rate"),
+        "seed": Int(0, 2**31 - 1, default=0, help="seed for the generated data and initial weights"),
+    }
+
+    def setup(self, ctx: RunContext) -> None:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf
+
+        # Take GPU memory as needed rather than all of it up front. This fails harmlessly
+        # once TensorFlow has already initialised its devices in this process.
+        for gpu in tf.config.list_physical_devices("GPU"):
+            try:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            except RuntimeError:
+                pass
+
+        import keras
+
+        seed, hidden = self.params["seed"], self.params["hidden"]
+
+        def init(offset: int) -> Any:
+            return keras.initializers.GlorotUniform(seed=(seed + offset) % 2**31)
+
+        self.model = keras.Sequential(
+            [
+                keras.Input(shape=(FEATURES,)),
+                keras.layers.Dense(hidden, activation="relu", kernel_initializer=init(1), name="hidden1"),
+                keras.layers.Dense(hidden, activation="relu", kernel_initializer=init(2), name="hidden2"),
+                keras.layers.Dense(1, kernel_initializer=init(3), name="out"),
+            ],
+            name="keras_train",
+        )
+        self.optimizer = keras.optimizers.Adam(learning_rate=self.params["learning_rate"])
+        self.model.compile(optimizer=self.optimizer, loss="mse", jit_compile=False)
+        # Create the optimizer's slots now, so a checkpoint can be restored into them.
+        self.optimizer.build(self.model.trainable_variables)
+        self.done = 0
+        self.last_loss: float | None = None
+
+    def step(self) -> float:
+        steps = self.params["steps"]
+        if self.done < steps:
+            x, y = generated_batch(self.params["seed"], self.done, self.params["batch_size"])
+            logs = self.model.train_on_batch(x, y, return_dict=True)
+            self.last_loss = float(logs["loss"])
+            self.done += 1
+        return min(self.done / steps, 1.0)
+
+    def state_dict(self) -> bytes:
+        arrays: dict[str, np.ndarray] = {
+            "version": np.int64(_FORMAT_VERSION),
+            "steps_done": np.int64(self.done),
+        }
+        for i, w in enumerate(self.model.get_weights()):
+            arrays[f"w{i}"] = w
+        for i, v in enumerate(self.optimizer.variables):
+            arrays[f"opt{i}"] = np.asarray(v.numpy())
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    def load_state_dict(self, state: bytes) -> None:
+        weights = self.model.get_weights()
+        opt_vars = self.optimizer.variables
+        expected = {"version", "steps_done"}
+        expected |= {f"w{i}" for i in range(len(weights))} | {f"opt{i}" for i in range(len(opt_vars))}
+        with np.load(io.BytesIO(state), allow_pickle=False) as data:
+            if set(data.files) != expected:
+                raise ValueError("keras_train state does not match this model's params")
+            if int(data["version"]) != _FORMAT_VERSION:
+                raise ValueError(f"keras_train state has format {int(data['version'])}, expected {_FORMAT_VERSION}")
+            new_weights = [data[f"w{i}"] for i in range(len(weights))]
+            new_opt = [data[f"opt{i}"] for i in range(len(opt_vars))]
+            done = int(data["steps_done"])
+        for i, (old, new) in enumerate(zip(weights, new_weights, strict=True)):
+            if old.shape != new.shape:
+                raise ValueError(f"keras_train state: weight {i} has shape {new.shape}, expected {old.shape}")
+        for var, new in zip(opt_vars, new_opt, strict=True):
+            if tuple(var.shape) != new.shape:
+                raise ValueError(f"keras_train state: optimizer variable {var.name} has shape {new.shape}")
+        if not 0 <= done <= self.params["steps"]:
+            raise ValueError(f"keras_train state: steps_done {done} out of range")
+        self.model.set_weights(new_weights)
+        for var, new in zip(opt_vars, new_opt, strict=True):
+            var.assign(new)
+        self.done = done
+
+    def declared_gpu_util(self) -> float | None:
+        return 0.7

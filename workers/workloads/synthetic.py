@@ -1,0 +1,66 @@
+"""A deterministic workload for tests, demos and benchmarks: it sleeps like a GPU kernel."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import time
+
+from workers.workloads.base import RunContext, Workload
+from workers.workloads.params import Float, Int
+
+_HEADER = struct.Struct("<QQ")  # (steps done, payload length)
+
+
+class SyntheticWorkload(Workload):
+    name = "synthetic"
+    params_schema = {
+        "steps": Int(1, 10_000_000, default=100, help="steps to run"),
+        "step_ms": Float(0.0, 60_000.0, default=10.0, help="simulated GPU time per step"),
+        "state_kb": Int(0, 1_048_576, default=64, help="checkpoint payload size"),
+        "gpu_util": Float(0.0, 1.0, default=0.9, help="utilisation reported on simulated GPUs"),
+        # Fault injection for tests and demos: raise at this step, this many times in all.
+        "fail_at_step": Int(-1, 10_000_000, default=-1),
+        "fail_times": Int(0, 1_000_000, default=0),
+    }
+
+    def setup(self, ctx: RunContext) -> None:
+        self.done = 0
+        self.payload = _payload(ctx.job_id, self.params["state_kb"] * 1024)
+        self.failures_file = ctx.work_dir / "injected-failures"
+
+    def step(self) -> float:
+        if self.done == self.params["fail_at_step"] and self._inject_failure():
+            raise RuntimeError(f"injected failure at step {self.done}")
+        if self.params["step_ms"]:
+            time.sleep(self.params["step_ms"] / 1000.0)
+        self.done += 1
+        return self.done / self.params["steps"]
+
+    def _inject_failure(self) -> bool:
+        # The count lives outside the checkpoint, so a rollback does not reset it.
+        raised = int(self.failures_file.read_text()) if self.failures_file.exists() else 0
+        if raised >= self.params["fail_times"]:
+            return False
+        self.failures_file.write_text(str(raised + 1))
+        return True
+
+    def state_dict(self) -> bytes:
+        return _HEADER.pack(self.done, len(self.payload)) + self.payload
+
+    def load_state_dict(self, state: bytes) -> None:
+        done, length = _HEADER.unpack_from(state)
+        payload = state[_HEADER.size :]
+        if len(payload) != length:
+            raise ValueError(f"synthetic state truncated: {len(payload)} of {length} bytes")
+        self.done, self.payload = done, payload
+
+    def declared_gpu_util(self) -> float | None:
+        return self.params["gpu_util"]
+
+
+def _payload(seed: int, size: int) -> bytes:
+    """Deterministic bytes of the given size, cheap to make even at 100 MB."""
+    block = hashlib.sha256(str(seed).encode()).digest() * 2048  # 64 KiB
+    reps, rest = divmod(size, len(block))
+    return block * reps + block[:rest]
