@@ -41,8 +41,17 @@ class SliceInline(admin.TabularInline):
     extra = 0
     can_delete = False
     ordering = ["-started_at", "-id"]
-    fields = ["started_at", "worker", "gpu_index", "planned_ms", "used_ms", "steps", "outcome", "checkpoint_bytes",
-              "checkpoint_ms"]
+    fields = [
+        "started_at",
+        "worker",
+        "gpu_index",
+        "planned_ms",
+        "used_ms",
+        "steps",
+        "outcome",
+        "checkpoint_bytes",
+        "checkpoint_ms",
+    ]
     readonly_fields = fields
     max_num = 0  # no adding from the admin
     show_change_link = False
@@ -138,17 +147,46 @@ def release_jobs(modeladmin, request, queryset):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ["id", "name", "owner", "tier", "workload", "state", "progress_pct", "slice_count", "failures",
-                    "submitted_at"]
+    list_display = [
+        "id",
+        "name",
+        "owner",
+        "tier",
+        "workload",
+        "state",
+        "progress_pct",
+        "slice_count",
+        "failures",
+        "submitted_at",
+    ]
     list_filter = ["state", "tier", "owner", "workload"]
     search_fields = ["name", "owner__username", "workload", "last_error"]
     list_select_related = ["owner", "tier"]
     actions = [cancel_jobs, requeue_jobs, hold_jobs, release_jobs]
     inlines = [SliceInline, JobEventInline]
-    readonly_fields = ["owner", "tier", "original_tier", "workload", "params", "state", "progress", "pending_action",
-                       "submitted_at", "enqueued_at", "first_started_at", "finished_at", "wait_ms", "run_ms",
-                       "slice_count", "checkpoint_generation", "dispatch_token", "dispatched_at", "worker",
-                       "failures", "last_error"]
+    readonly_fields = [
+        "owner",
+        "tier",
+        "original_tier",
+        "workload",
+        "params",
+        "state",
+        "progress",
+        "pending_action",
+        "submitted_at",
+        "enqueued_at",
+        "first_started_at",
+        "finished_at",
+        "wait_ms",
+        "run_ms",
+        "slice_count",
+        "checkpoint_generation",
+        "dispatch_token",
+        "dispatched_at",
+        "worker",
+        "failures",
+        "last_error",
+    ]
 
     @admin.display(description="progress")
     def progress_pct(self, job):
@@ -176,9 +214,15 @@ class JobAdmin(admin.ModelAdmin):
             Job.objects.filter(pk=obj.pk).update(name=obj.name, deadline=obj.deadline)
             return
         cd = form.cleaned_data
-        job = services.submit_job(owner=cd["owner"], name=cd["name"], tier_code=cd["tier"].code,
-                                  workload=cd["workload"], params=cd["params"], deadline=cd["deadline"],
-                                  actor=request.user.get_username())
+        job = services.submit_job(
+            owner=cd["owner"],
+            name=cd["name"],
+            tier_code=cd["tier"].code,
+            workload=cd["workload"],
+            params=cd["params"],
+            deadline=cd["deadline"],
+            actor=request.user.get_username(),
+        )
         obj.pk = job.pk
 
     def has_delete_permission(self, request, obj=None):

@@ -53,10 +53,18 @@ def _submit(request):
     if not form.is_valid():
         return Response(form.errors.get_json_data(), status=400)
     cd = form.cleaned_data
-    job = services.submit_job(owner=request.user, name=cd["name"], tier_code=cd["tier"], workload=cd["workload"],
-                              params=cd["params"], deadline=cd["deadline"])
-    return Response(JobSerializer(Job.objects.select_related("tier", "original_tier", "owner").get(pk=job.pk)).data,
-                    status=status.HTTP_201_CREATED)
+    job = services.submit_job(
+        owner=request.user,
+        name=cd["name"],
+        tier_code=cd["tier"],
+        workload=cd["workload"],
+        params=cd["params"],
+        deadline=cd["deadline"],
+    )
+    return Response(
+        JobSerializer(Job.objects.select_related("tier", "original_tier", "owner").get(pk=job.pk)).data,
+        status=status.HTTP_201_CREATED,
+    )
 
 
 @api_view(["GET"])
@@ -84,12 +92,20 @@ def queues(request):
     counts = {
         (row["tier__code"], row["state"]): row["n"]
         for row in Job.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING, JobState.HELD])
-        .values("tier__code", "state").annotate(n=Count("id"))
+        .values("tier__code", "state")
+        .annotate(n=Count("id"))
     }
     tiers = [
-        {"tier": t.code, "queue": t.queue_name, "rank": t.rank, "use": t.use,
-         "waiting": counts.get((t.code, JobState.QUEUED), 0), "running": counts.get((t.code, JobState.RUNNING), 0),
-         "held": counts.get((t.code, JobState.HELD), 0), "wait_target_ms": t.wait_target_ms}
+        {
+            "tier": t.code,
+            "queue": t.queue_name,
+            "rank": t.rank,
+            "use": t.use,
+            "waiting": counts.get((t.code, JobState.QUEUED), 0),
+            "running": counts.get((t.code, JobState.RUNNING), 0),
+            "held": counts.get((t.code, JobState.HELD), 0),
+            "wait_target_ms": t.wait_target_ms,
+        }
         for t in QueueTier.objects.order_by("rank")
     ]
     try:

@@ -8,8 +8,20 @@ from webapp.models import Job, JobEvent, Slice
 class SliceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Slice
-        fields = ["id", "worker", "gpu_index", "started_at", "ended_at", "planned_ms", "used_ms", "steps",
-                  "outcome", "checkpoint_bytes", "checkpoint_ms", "restore_ms"]
+        fields = [
+            "id",
+            "worker",
+            "gpu_index",
+            "started_at",
+            "ended_at",
+            "planned_ms",
+            "used_ms",
+            "steps",
+            "outcome",
+            "checkpoint_bytes",
+            "checkpoint_ms",
+            "restore_ms",
+        ]
 
 
 class EventSerializer(serializers.ModelSerializer):
@@ -26,7 +38,27 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = ["id", "name", "owner", "state", "tier", "original_tier", "workload", "params", "deadline",
-                  "progress", "slices", "wait_ms", "run_ms", "checkpoint_generation", "failures", "last_error",
-                  "pending_action", "worker", "submitted_at", "first_started_at", "finished_at"]
+        fields = [
+            "id",
+            "name",
+            "owner",
+            "state",
+            "tier",
+            "original_tier",
+            "workload",
+            "params",
+            "deadline",
+            "progress",
+            "slices",
+            "wait_ms",
+            "run_ms",
+            "checkpoint_generation",
+            "failures",
+            "last_error",
+            "pending_action",
+            "worker",
+            "submitted_at",
+            "first_started_at",
+            "finished_at",
+        ]
         read_only_fields = fields

@@ -17,18 +17,32 @@ class ActionRefused(Exception):
     """The job is not in a state where this action makes sense."""
 
 
-def submit_job(*, owner, name: str, tier_code: str, workload: str, params: dict, deadline=None,
-               actor: str | None = None) -> Job:
+def submit_job(
+    *, owner, name: str, tier_code: str, workload: str, params: dict, deadline=None, actor: str | None = None
+) -> Job:
     """Create a queued job from already-validated input and send its wake-up message."""
     tier = QueueTier.objects.get(code=tier_code)
     now = timezone.now()
     with transaction.atomic():
         job = Job.objects.create(
-            owner=owner, name=name, tier=tier, original_tier=tier, workload=workload, params=params,
-            deadline=deadline, state=S.QUEUED, enqueued_at=now, dispatched_at=now,
+            owner=owner,
+            name=name,
+            tier=tier,
+            original_tier=tier,
+            workload=workload,
+            params=params,
+            deadline=deadline,
+            state=S.QUEUED,
+            enqueued_at=now,
+            dispatched_at=now,
         )
-        JobEvent.objects.create(job=job, from_state="", to_state=S.QUEUED,
-                                reason=f"submitted to {tier.code}", actor=actor or owner.get_username())
+        JobEvent.objects.create(
+            job=job,
+            from_state="",
+            to_state=S.QUEUED,
+            reason=f"submitted to {tier.code}",
+            actor=actor or owner.get_username(),
+        )
         transaction.on_commit(lambda: publish_dispatch(job.pk, job.dispatch_token, tier.queue_name))
     return job
 
@@ -37,8 +51,15 @@ def cancel_job(job: Job, actor: str) -> Job:
     """Cancel at once. A running worker notices at its next slice boundary and stops."""
     if job.state in TERMINAL_STATES:
         raise ActionRefused(f"job is already {job.state}")
-    done = transition(job.pk, to=S.CANCELLED, expect={S.QUEUED, S.HELD, S.RUNNING}, reason="cancelled",
-                      actor=actor, rotate_token=True, updates={"finished_at": timezone.now()})
+    done = transition(
+        job.pk,
+        to=S.CANCELLED,
+        expect={S.QUEUED, S.HELD, S.RUNNING},
+        reason="cancelled",
+        actor=actor,
+        rotate_token=True,
+        updates={"finished_at": timezone.now()},
+    )
     return _or_refuse(done, job, "cancel")
 
 
@@ -62,19 +83,29 @@ def requeue_job(job: Job, actor: str) -> Job:
         return _set_pending(job, PENDING_REQUEUE, actor)
     if job.state == S.HELD:
         return release_job(job, actor)
-    done = transition(job.pk, to=S.QUEUED, expect={S.FAILED, S.CANCELLED, S.TIMED_OUT}, reason="requeued",
-                      actor=actor, rotate_token=True, updates={"failures": 0, "finished_at": None})
+    done = transition(
+        job.pk,
+        to=S.QUEUED,
+        expect={S.FAILED, S.CANCELLED, S.TIMED_OUT},
+        reason="requeued",
+        actor=actor,
+        rotate_token=True,
+        updates={"failures": 0, "finished_at": None},
+    )
     return _or_refuse(done, job, "requeue")
 
 
 def _set_pending(job: Job, action: str, actor: str) -> Job:
-    updated = Job.objects.filter(pk=job.pk, state=S.RUNNING, pending_action=PENDING_NONE).update(
-        pending_action=action
-    )
+    updated = Job.objects.filter(pk=job.pk, state=S.RUNNING, pending_action=PENDING_NONE).update(pending_action=action)
     if updated != 1:
         raise ActionRefused(f"cannot {action} job #{job.pk}: it is no longer running, or an action is pending")
-    JobEvent.objects.create(job_id=job.pk, from_state=S.RUNNING, to_state=S.RUNNING,
-                            reason=f"{action} requested; takes effect at the next slice boundary", actor=actor)
+    JobEvent.objects.create(
+        job_id=job.pk,
+        from_state=S.RUNNING,
+        to_state=S.RUNNING,
+        reason=f"{action} requested; takes effect at the next slice boundary",
+        actor=actor,
+    )
     job.refresh_from_db()
     return job
 

@@ -24,8 +24,14 @@ def job_new(request):
     form = JobSubmitForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         cd = form.cleaned_data
-        job = services.submit_job(owner=request.user, name=cd["name"], tier_code=cd["tier"],
-                                  workload=cd["workload"], params=cd["params"], deadline=cd["deadline"])
+        job = services.submit_job(
+            owner=request.user,
+            name=cd["name"],
+            tier_code=cd["tier"],
+            workload=cd["workload"],
+            params=cd["params"],
+            deadline=cd["deadline"],
+        )
         messages.success(request, f"Job #{job.pk} submitted to {job.tier.code}.")
         return redirect("job-detail", job_id=job.pk)
     return render(request, "webapp/job_new.html", {"form": form}, status=400 if form.errors else 200)
@@ -34,11 +40,15 @@ def job_new(request):
 @login_required
 def job_detail(request, job_id: int):
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
-    return render(request, "webapp/job_detail.html", {
-        "job": job,
-        "slices": job.slices.order_by("-started_at", "-id")[:200],
-        "events": job.events.order_by("-at", "-id")[:100],
-    })
+    return render(
+        request,
+        "webapp/job_detail.html",
+        {
+            "job": job,
+            "slices": job.slices.order_by("-started_at", "-id")[:200],
+            "events": job.events.order_by("-at", "-id")[:100],
+        },
+    )
 
 
 @login_required

@@ -53,8 +53,12 @@ class CheckpointStore:
         directory = self.job_dir(job_id)
         directory.mkdir(parents=True, exist_ok=True)
         header = json.dumps(
-            {"job": int(job_id), "generation": generation, "length": len(state),
-             "sha256": hashlib.sha256(state).hexdigest()}
+            {
+                "job": int(job_id),
+                "generation": generation,
+                "length": len(state),
+                "sha256": hashlib.sha256(state).hexdigest(),
+            }
         ).encode()
         final = self.path(job_id, generation)
         tmp = final.with_suffix(f".tmp-{os.getpid()}")

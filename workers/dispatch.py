@@ -11,12 +11,7 @@ _RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "i
 
 
 def send_run_slice(job_id: int, token: str, queue_name: str) -> None:
-    app.send_task(
-        RUN_SLICE_TASK,
-        args=[job_id, token],
-        queue=queue_name,
-        routing_key=queue_name,
-        exchange="clockq",
-        retry=True,
-        retry_policy=_RETRY_POLICY,
-    )
+    # With a queue and no exchange, Celery publishes on the anonymous exchange straight into
+    # the queue's list. That needs no exchange binding in Redis, so a broker that restarted
+    # empty takes messages at once instead of dropping them until a worker declares again.
+    app.send_task(RUN_SLICE_TASK, args=[job_id, token], queue=queue_name, retry=True, retry_policy=_RETRY_POLICY)

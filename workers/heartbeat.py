@@ -25,8 +25,13 @@ TTL_S = 15
 
 
 def start(hostname: str, gpu_index: int | None) -> threading.Thread:
-    info = {"hostname": hostname, "gpu": gpu_index, "pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.time()}
+    info = {
+        "hostname": hostname,
+        "gpu": gpu_index,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.time(),
+    }
 
     def beat() -> None:
         while True:

@@ -11,16 +11,27 @@ from clockq.policy.tiers import QUEUES_IN_ORDER
 def gpu_worker_argv(gpu_index: int, host: str | None = None, loglevel: str = "INFO") -> list[str]:
     """One GPU worker: concurrency 1, consuming the five tier queues in strict order."""
     return [
-        sys.executable, "-m", "celery", "-A", "clockq", "worker",
-        "--hostname", f"gpu{gpu_index}@{host or socket.gethostname()}",
-        "--queues", ",".join(QUEUES_IN_ORDER),
-        "--concurrency", "1",
-        "--pool", "prefork",
-        "--loglevel", loglevel,
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "clockq",
+        "worker",
+        "--hostname",
+        f"gpu{gpu_index}@{host or socket.gethostname()}",
+        "--queues",
+        ",".join(QUEUES_IN_ORDER),
+        "--concurrency",
+        "1",
+        "--pool",
+        "prefork",
+        "--loglevel",
+        loglevel,
         "--task-events",  # for Flower
         # Mingle and gossip sync state between workers at start; clockq keeps state in the
         # database, and skipping them saves seconds on every (re)start.
-        "--without-mingle", "--without-gossip",
+        "--without-mingle",
+        "--without-gossip",
     ]
 
 
@@ -31,8 +42,22 @@ def gpu_worker_env(gpu_index: int) -> dict[str, str]:
 def control_worker_argv(host: str | None = None, loglevel: str = "INFO") -> list[str]:
     """The worker for beat's maintenance tasks (reconciler, promotion, ...)."""
     return [
-        sys.executable, "-m", "celery", "-A", "clockq", "worker",
-        "--hostname", f"control@{host or socket.gethostname()}",
-        "--queues", "control", "--concurrency", "1", "--pool", "solo", "--loglevel", loglevel,
-        "--without-mingle", "--without-gossip",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "clockq",
+        "worker",
+        "--hostname",
+        f"control@{host or socket.gethostname()}",
+        "--queues",
+        "control",
+        "--concurrency",
+        "1",
+        "--pool",
+        "solo",
+        "--loglevel",
+        loglevel,
+        "--without-mingle",
+        "--without-gossip",
     ]

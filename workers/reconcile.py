@@ -60,9 +60,14 @@ def reconcile_queued_jobs() -> int:
         if (job_id, token) in present:
             continue
         job = transition(
-            job_id, to=JobState.QUEUED, expect={JobState.QUEUED}, token=token, rotate_token=True,
+            job_id,
+            to=JobState.QUEUED,
+            expect={JobState.QUEUED},
+            token=token,
+            rotate_token=True,
             reason=f"dispatch message missing from queue {queue!r}; sent again",
-            actor="reconciler", updates={"enqueued_at": enqueued_at},
+            actor="reconciler",
+            updates={"enqueued_at": enqueued_at},
         )
         if job is not None:
             redispatched += 1

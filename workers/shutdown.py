@@ -11,7 +11,16 @@ import signal
 import threading
 
 requested = threading.Event()
+_installed = False
 
 
-def install_handler() -> None:
-    signal.signal(signal.SIGTERM, lambda signum, frame: requested.set())
+def ensure_handler() -> None:
+    """Install the SIGTERM handler in this process, once.
+
+    Called at the start of each task rather than at pool start: billiard resets SIGTERM to its
+    own exit handler after Celery's `worker_process_init` signal has run.
+    """
+    global _installed
+    if not _installed:
+        signal.signal(signal.SIGTERM, lambda signum, frame: requested.set())
+        _installed = True

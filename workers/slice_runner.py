@@ -18,7 +18,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Count, F
 from django.utils import timezone
 from redis import RedisError
 
@@ -28,6 +28,7 @@ from clockq.policy.slicing import (
     SliceOutcome,
     decide_at_boundary,
     plan_slice_ms,
+    waiting_ahead,
 )
 from clockq.policy.states import JobState
 from webapp.models import Job, JobEvent, QueueTier, Slice
@@ -95,15 +96,23 @@ def claim_job(job_id: int, token: str, worker: WorkerIdentity) -> Job | None:
     now = timezone.now()
     if job.deadline and now >= job.deadline:
         transition(
-            job_id, to=JobState.TIMED_OUT, expect={JobState.QUEUED}, token=token,
-            reason="deadline passed before the job could start", actor=worker.hostname,
+            job_id,
+            to=JobState.TIMED_OUT,
+            expect={JobState.QUEUED},
+            token=token,
+            reason="deadline passed before the job could start",
+            actor=worker.hostname,
             updates={"finished_at": now},
         )
         return None
     waited_ms = int((now - job.enqueued_at).total_seconds() * 1000) if job.enqueued_at else 0
     return transition(
-        job_id, to=RUNNING, expect={JobState.QUEUED}, token=token,
-        reason=f"claimed on GPU {worker.gpu_index}", actor=worker.hostname,
+        job_id,
+        to=RUNNING,
+        expect={JobState.QUEUED},
+        token=token,
+        reason=f"claimed on GPU {worker.gpu_index}",
+        actor=worker.hostname,
         updates={
             "worker": worker.hostname,
             "wait_ms": F("wait_ms") + max(waited_ms, 0),
@@ -168,8 +177,11 @@ class JobRun:
             if restored.generation != self.generation:
                 self._note(
                     f"checkpoint generation {self.generation} unusable ({'; '.join(restored.skipped)}); "
-                    + (f"restored generation {restored.generation}" if restored.state is not None
-                       else "no good checkpoint left, restarting from the beginning")
+                    + (
+                        f"restored generation {restored.generation}"
+                        if restored.state is not None
+                        else "no good checkpoint left, restarting from the beginning"
+                    )
                 )
                 self.generation = restored.generation
             if restored.state is not None:
@@ -209,7 +221,7 @@ class JobRun:
             Boundary(
                 done=done,
                 job_rank=rank,
-                waiting_by_rank=[] if done else self._waiting_by_rank(),
+                waiting_by_rank=[] if done else self._waiting_by_rank(rank),
                 pending_action=row["pending_action"],
                 past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
                 shutting_down=shutdown.requested.is_set(),
@@ -217,8 +229,13 @@ class JobRun:
         )
         action = decision.action
         if action == BoundaryAction.FINISH:
-            self._end(record, SliceOutcome.COMPLETED, JobState.SUCCEEDED, decision.reason,
-                      {"finished_at": timezone.now(), "progress": 1.0, "last_error": ""})
+            self._end(
+                record,
+                SliceOutcome.COMPLETED,
+                JobState.SUCCEEDED,
+                decision.reason,
+                {"finished_at": timezone.now(), "progress": 1.0},
+            )
             return "succeeded"
         if action == BoundaryAction.CONTINUE:
             self._continue(workload, record)
@@ -233,13 +250,24 @@ class JobRun:
         self._end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
         return str(target)
 
-    def _waiting_by_rank(self) -> list[int]:
+    def _waiting_by_rank(self, rank: int) -> list[int]:
+        """Jobs waiting per tier. The broker's queue lengths are the cheap first look; when they
+        say someone waits, the database confirms it, because the broker may also hold stale or
+        duplicate messages that would cause a needless switch."""
         try:
-            return broker.waiting_by_rank()
+            waiting = broker.waiting_by_rank()
         except RedisError as exc:
             # With the broker down nothing can be dispatched anyway: keep the GPU busy.
             log.warning("job %s: cannot read queue lengths (%s); continuing", self.job.pk, exc)
             return []
+        if not waiting_ahead(rank, waiting):
+            return waiting
+        counts = dict(
+            Job.objects.filter(state=JobState.QUEUED, tier__rank__lte=rank)
+            .values_list("tier__rank")
+            .annotate(n=Count("id"))
+        )
+        return [counts.get(r, 0) for r in range(len(waiting))]
 
     def _continue(self, workload: Workload, record: SliceRecord) -> None:
         every = settings.CLOCKQ_CHECKPOINT_EVERY_S
@@ -272,8 +300,13 @@ class JobRun:
         """Leave RUNNING, with the slice recorded in the same transaction."""
         with transaction.atomic():
             job = transition(
-                self.job.pk, to=to, expect={RUNNING}, token=self.token, reason=reason,
-                actor=self.worker.hostname, rotate_token=to == JobState.QUEUED or to == JobState.HELD,
+                self.job.pk,
+                to=to,
+                expect={RUNNING},
+                token=self.token,
+                reason=reason,
+                actor=self.worker.hostname,
+                rotate_token=to == JobState.QUEUED or to == JobState.HELD,
                 updates={
                     "progress": self.progress,
                     "run_ms": F("run_ms") + int(record.used_ms),
@@ -323,15 +356,22 @@ class JobRun:
         self.generation = self.saved_generation
         self.progress = self.saved_progress
         try:
-            self._end(record, SliceOutcome.FAILED, to, reason, {
-                "failures": failures,
-                "last_error": error,
-                **({"finished_at": timezone.now()} if give_up else {}),
-            })
+            self._end(
+                record,
+                SliceOutcome.FAILED,
+                to,
+                reason,
+                {
+                    "failures": failures,
+                    "last_error": error,
+                    **({"finished_at": timezone.now()} if give_up else {}),
+                },
+            )
         except LostOwnership:
             return "lost-ownership"
         return "failed" if give_up else "retrying"
 
     def _note(self, reason: str) -> None:
-        JobEvent.objects.create(job_id=self.job.pk, from_state=RUNNING, to_state=RUNNING,
-                                reason=reason[:2000], actor=self.worker.hostname)
+        JobEvent.objects.create(
+            job_id=self.job.pk, from_state=RUNNING, to_state=RUNNING, reason=reason[:2000], actor=self.worker.hostname
+        )

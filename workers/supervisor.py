@@ -7,6 +7,7 @@ reaches its own children too (a Celery worker's pool), and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ class Child:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     restart: bool = True  # False: if it dies, the whole supervisor stops
+    stop_last: bool = False  # infrastructure (the broker) that the others need while stopping
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     restarts: int = 0
@@ -73,10 +75,15 @@ class Supervisor:
         return True
 
     def stop_all(self) -> None:
-        """SIGTERM every child's process group, wait for a grace period, then SIGKILL."""
+        """Stop the children, those marked `stop_last` after all the others."""
         self.stopping = True
-        running = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
-        for child in reversed(running):
+        self._stop([c for c in self.children if not c.stop_last])
+        self._stop([c for c in self.children if c.stop_last])
+
+    def _stop(self, children: list[Child]) -> None:
+        """SIGTERM each child's process group, wait for a grace period, then SIGKILL."""
+        running = [c for c in children if c.proc is not None and c.proc.poll() is None]
+        for child in running:
             _signal_group(child.proc, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_grace_s
         for child in running:
@@ -108,7 +115,5 @@ class Supervisor:
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -7,7 +7,7 @@ import os
 import re
 
 from celery import shared_task
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import worker_ready
 
 from workers import heartbeat, reconcile, shutdown
 from workers.dispatch import RUN_SLICE_TASK
@@ -26,17 +26,13 @@ def run_slice(self, job_id, token) -> str:
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not isinstance(token, str) or not _TOKEN.match(token):
         log.error("dropping malformed dispatch message: job_id=%r token=%r", job_id, token)
         return "malformed"
+    shutdown.ensure_handler()
     return run_dispatch(job_id, token, WorkerIdentity(self.request.hostname or "unknown", gpu_index()))
 
 
 @shared_task(name="clockq.reconcile_queued_jobs", ignore_result=True)
 def reconcile_queued_jobs() -> int:
     return reconcile.reconcile_queued_jobs()
-
-
-@worker_process_init.connect
-def _child_init(**_kwargs) -> None:
-    shutdown.install_handler()
 
 
 @worker_ready.connect

@@ -11,6 +11,7 @@ a form or the web process) stays cheap. This is the only workload that imports i
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from typing import Any
@@ -54,10 +55,8 @@ class KerasTrainWorkload(Workload):
         # Take GPU memory as needed rather than all of it up front. This fails harmlessly
         # once TensorFlow has already initialised its devices in this process.
         for gpu in tf.config.list_physical_devices("GPU"):
-            try:
+            with contextlib.suppress(RuntimeError):
                 tf.config.experimental.set_memory_growth(gpu, True)
-            except RuntimeError:
-                pass
 
         import keras
 

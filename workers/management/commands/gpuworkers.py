@@ -19,8 +19,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--loglevel", default="INFO")
-        parser.add_argument("--stop-grace", type=float, default=60.0,
-                            help="seconds to let running slices checkpoint before killing workers")
+        parser.add_argument(
+            "--stop-grace",
+            type=float,
+            default=60.0,
+            help="seconds to let running slices checkpoint before killing workers",
+        )
 
     def handle(self, *args, loglevel, stop_grace, **options):
         gpus = discover(settings.CLOCKQ_GPUS)
@@ -28,7 +32,6 @@ class Command(BaseCommand):
             kind = "simulated" if gpu.simulated else "NVML"
             self.stdout.write(f"GPU {gpu.index}: {gpu.name} ({gpu.memory_total_mib} MiB, {kind})")
         children = [
-            Child(f"gpu{g.index}", gpu_worker_argv(g.index, loglevel=loglevel), gpu_worker_env(g.index))
-            for g in gpus
+            Child(f"gpu{g.index}", gpu_worker_argv(g.index, loglevel=loglevel), gpu_worker_env(g.index)) for g in gpus
         ]
         raise SystemExit(Supervisor(children, stop_grace_s=stop_grace).run_forever())

@@ -1,0 +1,42 @@
+# clockq: `make run` starts the whole system, `make test` runs the test suite.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run demo test test-all lint format bench clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(PY) manage.py runstack
+
+demo: $(STAMP)
+	$(PY) manage.py runstack --demo
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+test-all: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --ignore-missing-imports clockq/policy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: $(STAMP)
+	$(PY) bench/switch_cost.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

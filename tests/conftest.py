@@ -1,0 +1,98 @@
+"""Shared fixtures: a private Redis for the whole session, personas, and real GPU workers."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+
+from tests.harness import GpuWorkers, RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _point_at_private_redis(redis_server):
+    """Every test process talks to the private Redis, never to one it did not start."""
+    from clockq.celery import app
+    from workers import broker
+
+    django_settings.REDIS_URL = redis_server.url
+    app.conf.broker_url = redis_server.url
+    broker.client.cache_clear()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _clean_slate(request, redis_server, tmp_path, settings):
+    from workers import broker
+
+    broker.client().flushall()
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins
+    settings.CLOCKQ_CHECKPOINT_DIR = tmp_path / "checkpoints"
+    marker = request.node.get_closest_marker("django_db")
+    if marker or {"db", "transactional_db"} & set(request.fixturenames):
+        # Transactional tests flush every table, the seeded tiers included.
+        from webapp.models import QueueTier
+        from webapp.tiers import ensure_default_tiers
+
+        wants_tx = (marker and marker.kwargs.get("transaction")) or "transactional_db" in request.fixturenames
+        request.getfixturevalue("transactional_db" if wants_tx else "db")
+        ensure_default_tiers(QueueTier)
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice", password="alice-pass-123")
+
+
+@pytest.fixture
+def bob(django_user_model):
+    return django_user_model.objects.create_user("bob", password="bob-pass-123")
+
+
+@pytest.fixture
+def carol(django_user_model):
+    """Staff."""
+    return django_user_model.objects.create_user("carol", password="carol-pass-123", is_staff=True)
+
+
+def database_url() -> str:
+    """The test database as a URL, for worker processes."""
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    auth = f"{s['USER']}:{s['PASSWORD']}@" if s.get("PASSWORD") else f"{s['USER']}@" if s.get("USER") else ""
+    return f"postgres://{auth}{s['HOST'] or 'localhost'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+@pytest.fixture
+def start_workers(transactional_db, redis_server, settings, tmp_path):
+    """Start `manage.py gpuworkers` with N simulated GPUs; stopped after the test."""
+    started: list[GpuWorkers] = []
+
+    def start(gpus: int = 1, **env: str) -> GpuWorkers:
+        workers = GpuWorkers(
+            env={
+                "DATABASE_URL": database_url(),
+                "CLOCKQ_CHECKPOINT_DIR": str(settings.CLOCKQ_CHECKPOINT_DIR),
+                "CLOCKQ_LOG_LEVEL": "INFO",
+                **env,
+            },
+            gpus=gpus,
+            log_path=tmp_path / f"workers-{len(started)}.log",
+        )
+        started.append(workers)
+        return workers.start(redis_server.url)
+
+    yield start
+    for workers in started:
+        workers.stop()
+        # Shown only when the test fails.
+        print(f"--- {workers.log_path.name} (tail) ---")
+        print(workers.log_path.read_text(errors="replace")[-6000:])

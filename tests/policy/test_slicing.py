@@ -1,0 +1,65 @@
+import pytest
+
+from clockq.policy.slicing import (
+    PENDING_HOLD,
+    PENDING_REQUEUE,
+    Boundary,
+    BoundaryAction,
+    decide_at_boundary,
+    plan_slice_ms,
+    waiting_ahead,
+)
+
+
+@pytest.mark.parametrize(
+    ("avg_util", "expected_ms"),
+    [
+        (None, 50),  # no history: the base slice
+        (0.0, 40),  # efficiency 0.8
+        (0.45, 50),  # 0.8 + 0.4 * 0.5 = 1.0
+        (0.9, 60),  # efficiency 1.2
+        (1.0, 60),  # capped at 1.2
+    ],
+)
+def test_plan_slice_follows_the_specification_formula(avg_util, expected_ms):
+    assert plan_slice_ms(50, 20, avg_util) == expected_ms
+
+
+def test_plan_slice_never_goes_below_the_floor():
+    assert plan_slice_ms(20, 20, 0.0) == 20
+    assert plan_slice_ms(10, 20) == 20
+
+
+@pytest.mark.parametrize(
+    ("rank", "waiting", "ahead"),
+    [
+        (2, [0, 0, 0, 0, 5], 0),  # only BK waits behind an SP job
+        (2, [0, 0, 1, 0, 0], 1),  # another SP job: take turns
+        (4, [1, 0, 0, 0, 0], 1),  # RT waits behind a BK job
+        (0, [0, 3, 3, 3, 3], 0),  # nothing outranks RT
+    ],
+)
+def test_waiting_ahead_counts_same_and_higher_tiers(rank, waiting, ahead):
+    assert waiting_ahead(rank, waiting) == ahead
+
+
+@pytest.mark.parametrize(
+    ("boundary", "action"),
+    [
+        (Boundary(done=True, job_rank=2, waiting_by_rank=[9, 9, 9, 9, 9]), BoundaryAction.FINISH),
+        (Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 0, 0, 4]), BoundaryAction.CONTINUE),
+        (Boundary(done=False, job_rank=2, waiting_by_rank=[0, 1, 0, 0, 0]), BoundaryAction.YIELD),
+        (
+            Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 0, 0, 0], past_deadline=True),
+            BoundaryAction.TIME_OUT,
+        ),
+        (Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, pending_action=PENDING_HOLD), BoundaryAction.HOLD),
+        (
+            Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, pending_action=PENDING_REQUEUE),
+            BoundaryAction.YIELD,
+        ),
+        (Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, shutting_down=True), BoundaryAction.YIELD),
+    ],
+)
+def test_decide_at_boundary(boundary, action):
+    assert decide_at_boundary(boundary).action == action

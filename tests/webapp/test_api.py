@@ -1,0 +1,154 @@
+"""The JSON API: submit, read, list, cancel, queues; and every bad input refused cleanly."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from rest_framework.authtoken.models import Token
+
+from tests.helpers import submit
+from webapp.models import Job, JobEvent
+
+pytestmark = pytest.mark.django_db
+
+GOOD = {"name": "train", "tier": "SP", "workload": "synthetic", "params": {"steps": 10}}
+
+
+def basic(user: str, password: str) -> dict:
+    return {"HTTP_AUTHORIZATION": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def post(client, body, auth, path="/api/jobs"):
+    raw = body if isinstance(body, str | bytes) else json.dumps(body)
+    return client.generic("POST", path, raw, content_type="application/json", **auth)
+
+
+@pytest.fixture
+def as_alice(alice):
+    return basic("alice", "alice-pass-123")
+
+
+def test_submit_returns_201_with_the_job(client, as_alice):
+    response = post(client, {**GOOD, "deadline": "2099-01-01T00:00:00Z"}, as_alice)
+    assert response.status_code == 201
+    body = response.json()
+    assert body["state"] == "queued" and body["tier"] == "SP" and body["owner"] == "alice"
+    assert body["params"]["steps"] == 10 and body["params"]["step_ms"] == 10.0  # defaults filled in
+    assert {"id", "progress", "slices", "wait_ms", "run_ms"} <= set(body)
+    job = Job.objects.get(pk=body["id"])
+    assert job.events.get().reason == "submitted to SP"
+
+
+def test_get_and_list_show_only_the_callers_jobs(client, alice, bob, as_alice):
+    mine = submit(alice, name="mine")
+    theirs = submit(bob, name="theirs")
+    assert client.get(f"/api/jobs/{mine.pk}", **as_alice).json()["name"] == "mine"
+    assert client.get(f"/api/jobs/{theirs.pk}", **as_alice).status_code == 404
+    listing = client.get("/api/jobs", **as_alice).json()
+    assert [j["name"] for j in listing["results"]] == ["mine"] and listing["count"] == 1
+
+
+def test_staff_see_every_job(client, alice, carol):
+    job = submit(alice)
+    assert client.get(f"/api/jobs/{job.pk}", **basic("carol", "carol-pass-123")).status_code == 200
+
+
+def test_token_auth_works(client, alice):
+    token = Token.objects.create(user=alice)
+    response = post(client, GOOD, {"HTTP_AUTHORIZATION": f"Token {token.key}"})
+    assert response.status_code == 201
+
+
+def test_cancel_a_queued_job(client, alice, as_alice):
+    job = submit(alice)
+    response = client.post(f"/api/jobs/{job.pk}/cancel", **as_alice)
+    assert response.status_code == 200 and response.json()["state"] == "cancelled"
+    again = client.post(f"/api/jobs/{job.pk}/cancel", **as_alice)
+    assert again.status_code == 409 and "already cancelled" in again.json()["detail"]
+
+
+def test_queues_report_waiting_and_running_per_tier(client, alice, as_alice):
+    submit(alice, "RT")
+    submit(alice, "BK")
+    submit(alice, "BK")
+    tiers = {t["tier"]: t for t in client.get("/api/queues", **as_alice).json()["tiers"]}
+    assert [tiers[c]["waiting"] for c in ("RT", "HP", "SP", "BP", "BK")] == [1, 0, 0, 0, 2]
+    assert all(t["running"] == 0 for t in tiers.values())
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        ({**GOOD, "workload": "rm-rf"}, "workload", "rm-rf"),
+        ({**GOOD, "tier": "XX"}, "tier", "XX"),
+        ({**GOOD, "params": {"steps": -5}}, "params", "steps: must be between 1 and 10000000"),
+        ({**GOOD, "params": {"steps": 10**30}}, "params", "steps: must be between"),
+        ({**GOOD, "params": {"steps": 1.5}}, "params", "whole number"),
+        ({**GOOD, "params": {"steps": True}}, "params", "whole number"),
+        ({**GOOD, "params": {"step_ms": -1.0}}, "params", "step_ms"),
+        ({**GOOD, "params": {"state_kb": 10**12}}, "params", "state_kb"),
+        ({**GOOD, "params": {"evil": 1}}, "params", "unknown param"),
+        ({**GOOD, "params": [1, 2]}, "params", "JSON object"),
+        ({**GOOD, "name": "x" * 1_000_000}, "name", "at most 200 characters"),
+        ({**GOOD, "name": ""}, "name", "required"),
+        ({**GOOD, "name": 42}, "name", "must be a string"),
+        ({**GOOD, "deadline": "yesterday"}, "deadline", "valid date"),
+        ({**GOOD, "deadline": "2001-01-01T00:00:00Z"}, "deadline", "future"),
+        ({"name": "x", "tier": "SP"}, "workload", "required"),
+    ],
+)
+def test_bad_input_gets_a_clear_400_and_changes_nothing(client, as_alice, body, field, message):
+    response = post(client, body, as_alice)
+    assert response.status_code == 400, response.content[:300]
+    assert message in json.dumps(response.json()[field])
+    assert Job.objects.count() == 0 and JobEvent.objects.count() == 0
+
+
+@pytest.mark.parametrize("raw", ["{not json", "[1, 2]", '"just a string"', ""])
+def test_a_malformed_body_is_refused(client, as_alice, raw):
+    response = post(client, raw, as_alice)
+    assert response.status_code == 400
+    assert Job.objects.count() == 0
+
+
+def test_unknown_fields_are_refused(client, as_alice):
+    response = post(client, {**GOOD, "state": "succeeded"}, as_alice)
+    assert response.status_code == 400 and "state" in response.json()["detail"]
+    assert Job.objects.count() == 0
+
+
+def test_command_is_for_staff_only(client, as_alice, carol):
+    body = {"name": "script", "tier": "SP", "workload": "command", "params": {"argv": ["/bin/true"]}}
+    refused = post(client, body, as_alice)
+    assert refused.status_code == 400 and "staff only" in json.dumps(refused.json())
+    assert Job.objects.count() == 0
+    assert post(client, body, basic("carol", "carol-pass-123")).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("get", "/api/jobs"),
+        ("post", "/api/jobs"),
+        ("get", "/api/jobs/1"),
+        ("post", "/api/jobs/1/cancel"),
+        ("get", "/api/queues"),
+    ],
+)
+def test_unauthenticated_calls_get_401(client, method, path):
+    response = getattr(client, method)(path)
+    assert response.status_code == 401
+    assert Job.objects.count() == 0
+
+
+def test_a_wrong_password_gets_401(client, alice):
+    assert post(client, GOOD, basic("alice", "wrong")).status_code == 401
+    assert Job.objects.count() == 0
+
+
+def test_another_users_job_cannot_be_cancelled(client, bob, as_alice, alice):
+    job = submit(bob)
+    assert client.post(f"/api/jobs/{job.pk}/cancel", **as_alice).status_code == 404
+    assert Job.objects.get(pk=job.pk).state == "queued"

@@ -1,0 +1,36 @@
+"""An existing script, brought through the `command` workload, is time-sliced on a real worker."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from django.conf import settings
+
+from tests.harness import ROOT
+from tests.helpers import submit, wait_finished
+from workers.checkpoints import CheckpointStore
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = str(ROOT / "tests/workloads/fixtures/count_script.py")
+
+
+def test_a_command_job_checkpoints_on_sigusr1_and_resumes_when_it_shares_a_gpu(start_workers, carol):
+    start_workers(gpus=1)
+    script = submit(
+        carol, "SP", "script", workload="command", argv=[sys.executable, SCRIPT, "150", "--sleep-ms", "4"], step_ms=10
+    )
+    rival = submit(carol, "SP", "rival", steps=60, step_ms=10)
+
+    script, rival = wait_finished(script, rival, timeout=90)
+
+    assert script.state == "succeeded", script.last_error
+    assert rival.state == "succeeded"
+    # It made way for its rival at slice ends: SIGUSR1, checkpoint, exit 75, resume later.
+    assert script.slices.filter(outcome="yielded").count() >= 2
+    work = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).work_dir(script.pk)
+    assert (work / "result").read_text() == "count=150"
+    starts = (work / "stdout.log").read_text().splitlines()
+    assert starts[0].startswith("start resume=0 count=0")
+    assert any(line.startswith("start resume=1") for line in starts[1:])

@@ -1,0 +1,93 @@
+"""Messages are only wake-ups: duplicates, stale tokens and a wiped broker never run a job twice
+or lose it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.test import override_settings
+
+from tests.harness import wait_for
+from tests.helpers import assert_no_overlap, claims, submit, wait_finished
+from webapp.models import Job, new_token
+from workers import broker
+from workers.dispatch import send_run_slice
+from workers.reconcile import reconcile_queued_jobs
+
+pytestmark = pytest.mark.integration
+
+
+def test_duplicate_and_stale_messages_never_run_a_job_twice(start_workers, alice):
+    # Given a queued job whose message is duplicated, plus a stale token and a malformed message
+    job = submit(alice, "SP", "dup", steps=20, step_ms=10)
+    send_run_slice(job.pk, job.dispatch_token, "sp")
+    send_run_slice(job.pk, job.dispatch_token, "sp")
+    send_run_slice(job.pk, new_token(), "sp")
+    send_run_slice(job.pk, "not-a-token", "sp")
+    assert broker.waiting_by_rank()[2] == 5
+
+    # When a worker consumes all of them
+    start_workers(gpus=1)
+    (job,) = wait_finished(job)
+    wait_for(lambda: broker.waiting_by_rank()[2] == 0, 10, what="the queue to drain")
+
+    # Then the job ran exactly once, in one claim, with no overlapping slices
+    assert job.state == "succeeded"
+    assert claims(job) == 1
+    assert_no_overlap(job)
+    slices_after_success = job.slices.count()
+
+    # And a duplicate arriving after success does nothing
+    send_run_slice(job.pk, job.dispatch_token, "sp")
+    wait_for(lambda: broker.waiting_by_rank()[2] == 0, 10, what="the late duplicate to be consumed")
+    time.sleep(0.3)
+    assert Job.objects.get(pk=job.pk).slices.count() == slices_after_success
+
+
+def test_two_workers_racing_for_duplicates_never_overlap(start_workers, alice):
+    jobs = [submit(alice, "SP", f"j{i}", steps=15, step_ms=10) for i in range(4)]
+    for job in jobs:
+        for _ in range(3):
+            send_run_slice(job.pk, job.dispatch_token, "sp")
+    start_workers(gpus=2)
+    for job in wait_finished(*jobs):
+        assert job.state == "succeeded"
+        assert_no_overlap(job)
+
+
+@override_settings(CLOCKQ_REDISPATCH_GRACE_S=0)
+def test_a_broker_restarted_empty_loses_no_queued_job(start_workers, redis_server, alice):
+    # Given three queued jobs whose messages sit in the broker
+    jobs = [submit(alice, tier, f"j-{tier}", steps=10, step_ms=5) for tier in ("HP", "SP", "BK")]
+    assert sum(broker.waiting_by_rank()) == 3
+    assert reconcile_queued_jobs() == 0  # every message is there: nothing to do
+
+    # When the broker restarts with nothing in it
+    redis_server.restart_empty()
+    wait_for(_broker_answers, 10, what="the broker to come back")
+    assert sum(broker.waiting_by_rank()) == 0
+
+    # Then the reconciler dispatches each job again, once
+    assert reconcile_queued_jobs() == 3
+    assert reconcile_queued_jobs() == 0
+    start_workers(gpus=1)
+    for job in wait_finished(*jobs):
+        assert job.state == "succeeded"
+        assert claims(job) == 1
+        assert job.events.filter(actor="reconciler").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the message is sent on commit
+@override_settings(CLOCKQ_REDISPATCH_GRACE_S=0)
+def test_the_reconciler_leaves_a_job_whose_message_is_waiting(alice):
+    job = submit(alice, "BK", "patient", steps=1)
+    assert reconcile_queued_jobs() == 0
+    assert Job.objects.get(pk=job.pk).dispatch_token == job.dispatch_token
+
+
+def _broker_answers() -> bool:
+    try:
+        return broker.client().ping()
+    except Exception:
+        return False

@@ -1,0 +1,151 @@
+"""The `command` workload: an external program driven through the checkpoint protocol."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workers.workloads.base import RunContext
+from workers.workloads.command import CommandWorkload
+from workers.workloads.params import ParamsError, clean_params
+
+SCRIPT = str(Path(__file__).parent / "fixtures" / "count_script.py")
+
+
+def make(work_dir: Path, argv: list[str], step_ms: float = 5.0) -> CommandWorkload:
+    w = CommandWorkload(clean_params(CommandWorkload.params_schema, {"argv": argv, "step_ms": step_ms}))
+    w.setup(RunContext(job_id=7, gpu_index=0, work_dir=work_dir))
+    return w
+
+
+def count_argv(n: int, *extra: str) -> list[str]:
+    return [sys.executable, SCRIPT, str(n), "--sleep-ms", "5", *extra]
+
+
+def step_until(w: CommandWorkload, progress: float, timeout: float = 5.0) -> float:
+    deadline = time.monotonic() + timeout
+    while (p := w.step()) < progress:
+        assert time.monotonic() < deadline, f"stuck at progress {p}"
+    return p
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie left for init to reap counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def test_checkpoint_close_and_resume_in_a_new_instance(tmp_path):
+    w = make(tmp_path, count_argv(40))
+    p = step_until(w, 0.2)
+    assert 0.2 <= p <= 0.999
+    state = w.state_dict()
+    w.close()
+    saved = int(state.decode())
+    assert 0 < saved < 40
+
+    w2 = make(tmp_path, count_argv(40))
+    w2.load_state_dict(state)
+    assert step_until(w2, 1.0) == 1.0
+    w2.close()
+
+    assert (tmp_path / "result").read_text() == "count=40"
+    starts = [line for line in (tmp_path / "stdout.log").read_text().splitlines() if line.startswith("start")]
+    assert starts == ["start resume=0 count=0 env_resume=", f"start resume=1 count={saved} env_resume=1"]
+
+
+def test_checkpoint_then_keep_running_restarts_with_resume(tmp_path):
+    w = make(tmp_path, count_argv(30))
+    step_until(w, 0.1)
+    saved = int(w.state_dict().decode())
+    assert w.pid is None  # stopped by the checkpoint
+    assert step_until(w, 1.0) == 1.0
+    w.close()
+    assert (tmp_path / "result").read_text() == "count=30"
+    assert f"start resume=1 count={saved} env_resume=1" in (tmp_path / "stdout.log").read_text()
+
+
+def test_nonzero_exit_raises_with_stderr(tmp_path):
+    w = make(tmp_path, count_argv(40, "--fail-at", "3"))
+    with pytest.raises(RuntimeError, match=r"exited with code 3(.|\n)*simulated failure at count 3"):
+        step_until(w, 1.0)
+    w.close()
+
+
+def test_death_by_signal_raises(tmp_path):
+    w = make(tmp_path, ["sh", "-c", "echo dying >&2; kill -9 $$"])
+    with pytest.raises(RuntimeError, match=r"SIGKILL(.|\n)*dying"):
+        step_until(w, 1.0)
+    w.close()
+
+
+def test_exit_75_without_a_checkpoint_raises(tmp_path):
+    code = "import signal, sys, time; signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75)); time.sleep(30)"
+    w = make(tmp_path, [sys.executable, "-c", code])
+    w.step()
+    time.sleep(0.3)  # let the interpreter install its handler
+    with pytest.raises(RuntimeError, match="without writing checkpoint"):
+        w.state_dict()
+    w.close()
+
+
+def test_signal_before_the_handler_is_in_place_keeps_the_old_state(tmp_path):
+    w = make(tmp_path, ["sleep", "30"])  # sleep dies on SIGUSR1, like a program still starting up
+    w.step()
+    assert w.state_dict() == b""  # fresh start: nothing to resume from
+    assert w.pid is None and not w.resume
+    w.close()
+
+
+def test_close_kills_the_process_group(tmp_path):
+    w = make(tmp_path, ["sh", "-c", "sleep 30 & echo $! > child.pid; exec sleep 30"])
+    assert w.step() == 0.0
+    pid = w.pid
+    deadline = time.monotonic() + 5
+    while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    child = int((tmp_path / "child.pid").read_text())
+    assert alive(pid) and alive(child)
+    w.close()
+    assert w.pid is None
+    deadline = time.monotonic() + 2
+    while alive(pid) or alive(child):
+        assert time.monotonic() < deadline, "process or its child survived close()"
+        time.sleep(0.01)
+
+
+def test_staff_only_and_params():
+    assert CommandWorkload.staff_only is True
+    assert clean_params(CommandWorkload.params_schema, {"argv": ["true"]}) == {"argv": ["true"], "step_ms": 20.0}
+    for bad in (
+        {},  # argv is required
+        {"argv": []},
+        {"argv": "true"},
+        {"argv": ["x"] * 65},
+        {"argv": ["x" * 4097]},
+        {"argv": ["a\x00b"]},
+        {"argv": ["true"], "step_ms": 0.5},
+        {"argv": ["true"], "step_ms": 1001},
+        {"argv": ["true"], "shell": True},
+    ):
+        with pytest.raises(ParamsError):
+            clean_params(CommandWorkload.params_schema, bad)
+
+
+def test_state_before_any_step_round_trips(tmp_path):
+    (tmp_path / "checkpoint").write_text("stale")  # left by an earlier run; not this job's state
+    w = make(tmp_path, count_argv(10))
+    assert w.state_dict() == b""
+    w.load_state_dict(b"4")
+    assert w.state_dict() == b"4"
+    assert step_until(w, 1.0) == 1.0
+    w.close()
+    assert "start resume=1 count=4 env_resume=1" in (tmp_path / "stdout.log").read_text()
+    assert (tmp_path / "result").read_text() == "count=10"

@@ -1,0 +1,123 @@
+"""The `keras_train` workload: a real Keras model, checkpointed and resumed exactly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workers.workloads.base import RunContext
+from workers.workloads.keras_train import KerasTrainWorkload, generated_batch
+from workers.workloads.params import ParamsError, clean_params
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make(tmp_path: Path, **params) -> KerasTrainWorkload:
+    w = KerasTrainWorkload(clean_params(KerasTrainWorkload.params_schema, params))
+    w.setup(RunContext(job_id=1, gpu_index=0, work_dir=tmp_path))
+    return w
+
+
+def run(w: KerasTrainWorkload, n: int) -> list[float]:
+    losses = []
+    for _ in range(n):
+        w.step()
+        losses.append(w.last_loss)
+    return losses
+
+
+def test_importing_the_module_does_not_import_tensorflow():
+    code = "import sys, workers.workloads.keras_train; sys.exit('tensorflow' in sys.modules or 'keras' in sys.modules)"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+def test_generated_data_is_deterministic_per_step():
+    x1, y1 = generated_batch(5, 3, 8)
+    x2, y2 = generated_batch(5, 3, 8)
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(y1, y2)
+    assert not np.array_equal(generated_batch(5, 4, 8)[0], x1)
+    assert x1.dtype == y1.dtype == np.float32 and y1.shape == (8, 1)
+
+
+def test_trains_and_loss_decreases(tmp_path):
+    w = make(tmp_path, steps=50)
+    progress, losses = [], []
+    for _ in range(50):
+        progress.append(w.step())
+        losses.append(w.last_loss)
+    assert progress == pytest.approx([(i + 1) / 50 for i in range(50)])
+    assert progress[-1] == 1.0
+    assert all(np.isfinite(losses))
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+    assert w.step() == 1.0  # done: a further step trains no more
+    assert int(w.optimizer.iterations.numpy()) == 50
+    assert w.declared_gpu_util() == 0.7
+
+
+def test_resume_matches_an_uninterrupted_run(tmp_path):
+    params = {"steps": 100, "batch_size": 32, "hidden": 16, "seed": 11}
+    straight = make(tmp_path / "a", **params)
+    straight_losses = run(straight, 12)
+
+    first = make(tmp_path / "b", **params)
+    assert run(first, 8) == straight_losses[:8]
+    state = first.state_dict()
+    first.close()
+
+    resumed = make(tmp_path / "c", **params)
+    resumed.load_state_dict(state)
+    for got, want in zip(resumed.model.get_weights(), first.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(resumed.optimizer.variables, first.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert int(resumed.optimizer.iterations.numpy()) == 8
+    assert resumed.done == 8
+
+    assert run(resumed, 4) == straight_losses[8:]
+    for got, want in zip(resumed.model.get_weights(), straight.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    # A periodic checkpoint: state_dict() leaves the workload able to carry on.
+    assert run(first, 4) == straight_losses[8:]
+
+
+def test_state_from_other_params_is_rejected(tmp_path):
+    state = make(tmp_path / "a", hidden=8).state_dict()
+    other = make(tmp_path / "b", hidden=9)
+    with pytest.raises(ValueError, match="shape"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError):
+        other.load_state_dict(b"not a checkpoint")
+
+
+def test_params_validation():
+    schema = KerasTrainWorkload.params_schema
+    assert clean_params(schema, {}) == {
+        "steps": 200,
+        "batch_size": 64,
+        "hidden": 64,
+        "learning_rate": 1e-3,
+        "seed": 0,
+    }
+    for bad in (
+        {"steps": 0},
+        {"steps": 1_000_001},
+        {"steps": 2.5},
+        {"steps": True},
+        {"batch_size": 4097},
+        {"hidden": 0},
+        {"learning_rate": 0.0},
+        {"learning_rate": 2.0},
+        {"learning_rate": float("nan")},
+        {"learning_rate": "0.1"},
+        {"seed": -1},
+        {"seed": 2**31},
+        {"optimizer": "sgd"},
+    ):
+        with pytest.raises(ParamsError):
+            clean_params(schema, bad)

