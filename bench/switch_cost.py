@@ -1,0 +1,704 @@
+"""What one slice switch costs in clockq, against a bare Celery task re-sending itself.
+
+Usage (from the repository root):
+
+    .venv/bin/python bench/switch_cost.py [--switches 300] [--state-kb 1024] [--slice-ms 20]
+
+Everything runs privately and is stopped and deleted at the end: a redis-server on a free port,
+a fresh SQLite file, temporary checkpoint and var directories, and one worker at a time.
+
+1. Bare floor. A Celery app with clockq's broker settings (bench/_bare_app.py) runs one task that
+   re-sends itself, under a worker started with exactly clockq's GPU-worker flags (prefork,
+   concurrency 1, task events, no mingle or gossip, INFO logging). A hop is the time between
+   the starts of two consecutive task bodies.
+2. clockq. One real GPU worker (workers.launch.gpu_worker_argv(0)) and two synthetic SP jobs with
+   `--state-kb` of state and 1 ms steps. The SP tier's base and minimum slice are set to
+   `--slice-ms` in this run's database. Both jobs share the one GPU, so at every boundary the
+   other job is waiting and the running one yields: each boundary is a real switch.
+   With `--zero` (the default) a second pair runs with 0 KB of state, to separate checkpoint
+   I/O from the rest.
+3. Probe (`--probe`, the default). One more pair with `--state-kb`, on a GPU worker started with
+   `-A bench._probe_app`: clockq's app unchanged, plus timers in the pool child around SQL
+   statements, COMMIT, DB connect and close, Redis commands, logging and the slice runner's main
+   functions. It says how much of each phase is database, Redis, or Python around them. It is
+   reported apart, since the timers add a little.
+
+A switch is the GPU's idle time from the end of job A's last step to the start of job B's first
+step, read from the database after the run (workers/slice_runner.py stamps these fields):
+
+    A's compute end   = A.started_at + A.restore_ms + A.used_ms + 0.5 ms
+    B's compute start = B.started_at + B.restore_ms
+    switch            = B's compute start - A's compute end
+
+`Slice.started_at` is stamped before the restore, and `used_ms` is stored truncated to whole
+milliseconds, hence the 0.5 ms: each switch is exact to +-0.5 ms. The switch splits into phases
+that add up to it exactly, in the order they happen:
+
+    decide      boundary read of the job row, queue lengths from Redis, BEGIN, the CAS read and update
+                of the requeue transition  (A's running->queued JobEvent.at - compute end - checkpoint)
+    checkpoint  state_dict, SHA-256, write, fsync, rename, directory fsync  (A.checkpoint_ms)
+    record      JobEvent insert and job re-read, up to A.ended_at
+    commit      Slice insert, COMMIT, publish of A's requeue message, task return, result to
+                the pool's parent, ack  (A.ended_at -> A's Celery task-succeeded event)
+    fetch       event flush, BRPOP of B's message, decode  (-> B's task-received event)
+    claim       message to the pool child, task start, DB connection, claim read and CAS update
+                (-> B's queued->running JobEvent.at)
+    start       JobEvent insert, job re-read, COMMIT, tier ranks, up to B.started_at
+    restore     workload setup, checkpoint read and verify, load_state_dict  (B.restore_ms)
+
+The Celery event timestamps are stamped by the worker's parent process when it makes each event.
+The bare hop splits the same way: publish (the task body sending the next hop), return (to
+task-succeeded), fetch (to the next task-received) and to child (to the next task body).
+
+The first `--warmup` switches (and hops) are dropped: the first restore has no checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import bisect
+import itertools
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from _harness import EventLog, RedisServer, Service, Summary, filesystem_of, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+HALF_MS_TRUNCATION = 0.5  # Slice.used_ms is stored as int(ms)
+
+CLOCKQ_PHASES = ("decide", "checkpoint", "record", "commit", "fetch", "claim", "start", "restore")
+BARE_PHASES = ("publish", "return", "fetch", "to child")
+
+
+@dataclass
+class Measured:
+    label: str
+    totals: list[float]  # ms, one per switch or hop
+    phases: dict[str, list[float]]  # ms, only for switches whose Celery events were all seen
+    notes: list[str]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--switches", type=int, default=300, help="switches (and bare hops) to measure per run")
+    p.add_argument("--state-kb", type=int, default=1024, help="checkpoint state per job, in KiB")
+    p.add_argument("--slice-ms", type=int, default=20, help="SP base and minimum slice for this run")
+    p.add_argument("--step-ms", type=float, default=1.0, help="synthetic step length")
+    p.add_argument("--warmup", type=int, default=4, help="switches and hops dropped at the start")
+    p.add_argument(
+        "--zero", action=argparse.BooleanOptionalAction, default=True, help="also run with 0 KB of state (default: on)"
+    )
+    p.add_argument(
+        "--probe",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run a worker with timers on SQL, Redis and the task body (default: on)",
+    )
+    p.add_argument("--tmp-dir", type=Path, default=None, help="where the temporary directory goes")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, database)")
+    args = p.parse_args(argv)
+    if args.switches < 10 or args.slice_ms < 1 or args.step_ms <= 0 or args.warmup < 0 or args.state_kb < 0:
+        p.error("need --switches >= 10, --slice-ms >= 1, --step-ms > 0, --warmup >= 0, --state-kb >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="clockq-switch-cost-", dir=args.tmp_dir))
+    services: list[Service] = []
+    events: EventLog | None = None
+    started = time.monotonic()
+    try:
+        broker = RedisServer(work)
+        services.append(broker)
+        broker.start()
+        env = prepare_env(work, broker.url)
+        bare_app = setup_django_and_bare_app()
+        notes = compare_broker_settings(bare_app)
+        events = EventLog(bare_app.app).start()
+
+        bare = run_bare(bare_app, args, env, work, services, events)
+        clockq_runs, probed = run_clockq(args, env, work, services, events)
+    except (TimeoutError, RuntimeError, subprocess.SubprocessError) as exc:
+        print(f"switch_cost: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if events is not None:
+            events.stop()
+        for service in reversed(services):
+            service.stop()
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+    report(args, work, bare, clockq_runs, probed, notes, time.monotonic() - started)
+    return 0
+
+
+# --- setup ----------------------------------------------------------------------------------
+
+
+def prepare_env(work: Path, redis_url: str) -> dict[str, str]:
+    """The environment of every process in the run; also applied to this one, before Django."""
+    (work / "checkpoints").mkdir()
+    (work / "var").mkdir()
+    bench = {
+        "REDIS_URL": redis_url,
+        "BENCH_BROKER_URL": redis_url,
+        "DATABASE_URL": f"sqlite:///{work / 'bench.sqlite3'}",
+        "CLOCKQ_CHECKPOINT_DIR": str(work / "checkpoints"),
+        "CLOCKQ_VAR_DIR": str(work / "var"),
+        "CLOCKQ_GPUS": "sim:1",
+        "DJANGO_SETTINGS_MODULE": "clockq.settings",
+    }
+    os.environ.update(bench)
+    env = dict(os.environ)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+        stdout=subprocess.DEVNULL,
+    )
+    return env
+
+
+def setup_django_and_bare_app():
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    import _bare_app  # reads BENCH_BROKER_URL at import
+
+    return _bare_app
+
+
+def compare_broker_settings(bare_app) -> list[str]:
+    """Say so if the bare app no longer has clockq's broker settings."""
+    from clockq.celery import app as clockq_app
+
+    keys = (
+        "task_acks_late",
+        "worker_prefetch_multiplier",
+        "task_serializer",
+        "accept_content",
+        "task_reject_on_worker_lost",
+    )
+    notes = [
+        f"bare app differs from clockq in {key}: {bare_app.app.conf[key]!r} vs {clockq_app.conf[key]!r}"
+        for key in keys
+        if bare_app.app.conf[key] != clockq_app.conf[key]
+    ]
+    ours = bare_app.app.conf.broker_transport_options.get("queue_order_strategy")
+    theirs = clockq_app.conf.broker_transport_options.get("queue_order_strategy")
+    if ours != theirs:
+        notes.append(f"bare app queue_order_strategy {ours!r} vs clockq {theirs!r}")
+    return notes
+
+
+def worker_argv(app_module: str, hostname: str, queues: tuple[str, ...] | None = None) -> list[str]:
+    """clockq's GPU-worker command line, with only the app, hostname and queues replaced."""
+    from workers.launch import gpu_worker_argv
+
+    argv = gpu_worker_argv(0)
+    replace = {"-A": app_module, "--hostname": hostname}
+    if queues:
+        replace["--queues"] = ",".join(queues)
+    for flag, value in replace.items():
+        argv[argv.index(flag) + 1] = value
+    return argv
+
+
+def start_worker(
+    name: str,
+    argv: list[str],
+    env: dict[str, str],
+    log: Path,
+    ready,
+    services: list[Service],
+    events: EventLog,
+    hostname: str,
+) -> Service:
+    worker = Service(name, argv, env, ROOT, log)
+    services.append(worker)
+    worker.start()
+
+    def is_ready() -> bool:
+        worker.check_alive()
+        return bool(ready())
+
+    wait_for(is_ready, 90, f"{name} to be ready", interval=0.1)
+    # The worker-online event proves the event receiver hears this worker.
+    try:
+        wait_for(lambda: hostname in events.seen_workers, 10, f"events from {name}")
+    except TimeoutError:
+        print(f"warning: no Celery events seen from {hostname}; phases will be missing", file=sys.stderr)
+    return worker
+
+
+def stop_worker(worker: Service, services: list[Service]) -> None:
+    worker.stop()
+    services.remove(worker)
+
+
+# --- the bare floor -------------------------------------------------------------------------
+
+
+def run_bare(bare_app, args, env: dict[str, str], work: Path, services: list[Service], events: EventLog) -> Measured:
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    hostname = f"bare@{socket.gethostname()}"
+    # Without DJANGO_SETTINGS_MODULE, Celery's Django fix-up stays off: the bare worker is bare.
+    bare_env = {k: v for k, v in env.items() if k != "DJANGO_SETTINGS_MODULE"}
+    argv = worker_argv("bench._bare_app", hostname, bare_app.QUEUES)
+    worker = start_worker(
+        "bare worker",
+        argv,
+        bare_env,
+        work / "bare-worker.log",
+        lambda: client.exists(bare_app.READY_KEY),
+        services,
+        events,
+        hostname,
+    )
+
+    run = uuid.uuid4().hex[:12]
+    sends = args.switches + args.warmup  # hops; the task runs sends + 1 times
+    bare_app.hop.apply_async((run, sends), queue=bare_app.HOP_QUEUE, routing_key=bare_app.HOP_QUEUE)
+    key = bare_app.stamps_key(run)
+
+    def finished() -> bool:
+        worker.check_alive()
+        return bool(client.exists(key))
+
+    wait_for(finished, 60 + sends * 0.05, "the bare hops to finish", interval=0.1)
+    time.sleep(0.5)  # the last events are flushed with the worker's next loop turn
+    stop_worker(worker, services)
+
+    stamps = [tuple(map(float, raw.split())) for raw in client.lrange(key, 0, -1)]
+    tasks = celery_tasks(events.snapshot(), bare_app.HOP_TASK)
+    by_remaining = {int(t.args[1]): t for t in tasks if t.args and t.args[0] == run}
+    totals: list[float] = []
+    phases: dict[str, list[float]] = defaultdict(list)
+    for i in range(args.warmup, len(stamps) - 1):
+        (enter, sent), (next_enter, _) = stamps[i], stamps[i + 1]
+        totals.append(ms(next_enter - enter))
+        this, nxt = by_remaining.get(sends - i), by_remaining.get(sends - i - 1)
+        if this and nxt and this.succeeded and nxt.received:
+            for name, value in zip(
+                BARE_PHASES,
+                (sent - enter, this.succeeded - sent, nxt.received - this.succeeded, next_enter - nxt.received),
+                strict=True,
+            ):
+                phases[name].append(ms(value))
+    return Measured("bare Celery hop", totals, dict(phases), [])
+
+
+# --- clockq ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Probed:
+    """The probe run: clockq's app with timers in the pool child (bench/_probe_app.py)."""
+
+    state_kb: int
+    switches: list[SwitchTimes]
+    records: list[tuple[str, float, float]]  # (kind, start wall s, duration s), by start
+
+
+def run_clockq(
+    args, env: dict[str, str], work: Path, services: list[Service], events: EventLog
+) -> tuple[list[Measured], Probed | None]:
+    from django.contrib.auth import get_user_model
+
+    from webapp.models import QueueTier
+    from workers.launch import gpu_worker_env
+
+    QueueTier.objects.filter(code="SP").update(base_slice_ms=args.slice_ms, min_slice_ms=args.slice_ms)
+    owner = get_user_model().objects.create_user("switch-bench")
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    worker_env = {**env, **gpu_worker_env(0)}
+
+    def start(app_module: str, hostname: str, log_name: str) -> Service:
+        return start_worker(
+            f"GPU worker ({app_module})",
+            worker_argv(app_module, hostname),
+            worker_env,
+            work / log_name,
+            lambda: client.exists(f"clockq:worker:{hostname}"),
+            services,
+            events,
+            hostname,
+        )
+
+    worker = start("clockq", f"gpu0@{socket.gethostname()}", "gpu-worker.log")
+    runs = []
+    for state_kb in (args.state_kb, 0) if args.zero and args.state_kb != 0 else (args.state_kb,):
+        switches, notes = run_clockq_pair(args, state_kb, owner, worker, events)
+        runs.append(measure(f"clockq switch, {state_kb} KB state", switches, notes))
+    stop_worker(worker, services)
+    if not args.probe:
+        return runs, None
+
+    probe_dir = work / "probe"
+    probe_dir.mkdir()
+    worker_env["BENCH_PROBE_DIR"] = str(probe_dir)
+    worker = start("bench._probe_app", f"gpu0-probe@{socket.gethostname()}", "gpu-worker-probe.log")
+    switches, _notes = run_clockq_pair(args, args.state_kb, owner, worker, events)
+    stop_worker(worker, services)
+    return runs, Probed(args.state_kb, switches, load_probe(probe_dir))
+
+
+def run_clockq_pair(
+    args, state_kb: int, owner, worker: Service, events: EventLog
+) -> tuple[list[SwitchTimes], list[str]]:
+    """Two synthetic SP jobs sharing the one GPU, run to the end; their switches."""
+    from webapp.models import Job, JobEvent, Slice
+    from webapp.services import submit_job
+    from workers.workloads import registry
+
+    # Enough steps for each job to give (switches + warmup) / 2 slices and a few more.
+    slices_per_job = math.ceil((args.switches + args.warmup) / 2) + 3
+    steps = math.ceil(slices_per_job * args.slice_ms / args.step_ms)
+    params = registry.validate(
+        "synthetic", {"steps": steps, "step_ms": args.step_ms, "state_kb": state_kb}, is_staff=False
+    )
+    jobs = [
+        submit_job(owner=owner, name=f"switch-{state_kb}kb-{x}", tier_code="SP", workload="synthetic", params=params)
+        for x in "ab"
+    ]
+    ids = [job.pk for job in jobs]
+
+    def finished() -> bool:
+        worker.check_alive()
+        return not Job.objects.filter(pk__in=ids, state__in=["queued", "running"]).exists()
+
+    expected_s = 2 * slices_per_job * (args.slice_ms + 40) / 1000
+    wait_for(finished, 60 + 3 * expected_s, f"the {state_kb} KB jobs to finish", interval=0.25)
+    time.sleep(0.5)  # the last events are flushed with the worker's next loop turn
+    states = dict(Job.objects.filter(pk__in=ids).values_list("pk", "state"))
+    if any(state != "succeeded" for state in states.values()):
+        raise RuntimeError(f"jobs did not succeed: {states}; worker log:\n{worker.tail()}")
+
+    slices = list(
+        Slice.objects.filter(job_id__in=ids)
+        .order_by("started_at", "id")
+        .values(
+            "job_id", "started_at", "ended_at", "used_ms", "outcome", "checkpoint_ms", "checkpoint_bytes", "restore_ms"
+        )
+    )
+    job_events = list(JobEvent.objects.filter(job_id__in=ids).values_list("job_id", "from_state", "to_state", "at"))
+    tasks = [t for t in celery_tasks(events.snapshot(), "clockq.run_slice") if t.args and t.args[0] in ids]
+    sizes = sorted({s["checkpoint_bytes"] for s in slices if s["outcome"] == "yielded"})
+    notes = [
+        f"{len(slices)} slices, {steps} steps of {args.step_ms:g} ms per job, "
+        f"checkpoint {'/'.join(map(str, sizes)) or 0} bytes"
+    ]
+    return find_switches(slices, job_events, tasks, args.warmup, notes), notes
+
+
+def load_probe(probe_dir: Path) -> list[tuple[str, float, float]]:
+    records = []
+    for path in probe_dir.glob("probe-*.txt"):
+        for line in path.read_text().splitlines():
+            kind, start, duration = line.split()
+            records.append((kind, float(start), float(duration)))
+    return sorted(records, key=lambda r: r[1])
+
+
+@dataclass
+class CeleryTask:
+    args: list | None
+    received: float | None = None
+    succeeded: float | None = None
+
+
+def celery_tasks(events: list[dict], name: str) -> list[CeleryTask]:
+    """One entry per task id, for the task `name`, with its event timestamps."""
+    tasks: dict[str, CeleryTask] = {}
+    for event in events:
+        task = tasks.setdefault(event["uuid"], CeleryTask(None))
+        if event["type"] == "task-received":
+            if event.get("name") != name:
+                tasks.pop(event["uuid"])
+                continue
+            task.received = event["timestamp"]
+            try:
+                task.args = list(ast.literal_eval(event.get("args") or "()"))
+            except (ValueError, SyntaxError):
+                task.args = None
+        elif event["type"] == "task-succeeded":
+            task.succeeded = event["timestamp"]
+    return [t for t in tasks.values() if t.received is not None]
+
+
+@dataclass(frozen=True)
+class SwitchTimes:
+    """The moments of one switch from job A to job B (wall-clock seconds); see the docstring."""
+
+    compute_end: float
+    yielded_at: float
+    a_ended: float
+    a_succeeded: float | None  # Celery task-succeeded of A's task
+    b_received: float | None  # Celery task-received of B's task
+    claimed_at: float
+    b_started: float
+    compute_start: float
+    checkpoint_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return ms(self.compute_start - self.compute_end)
+
+    def phases(self) -> tuple[float, ...] | None:
+        """The CLOCKQ_PHASES in ms, or None when A's or B's Celery events were not seen."""
+        if self.a_succeeded is None or self.b_received is None:
+            return None
+        return (
+            ms(self.yielded_at - self.compute_end) - self.checkpoint_ms,
+            self.checkpoint_ms,
+            ms(self.a_ended - self.yielded_at),
+            ms(self.a_succeeded - self.a_ended),
+            ms(self.b_received - self.a_succeeded),
+            ms(self.claimed_at - self.b_received),
+            ms(self.b_started - self.claimed_at),
+            ms(self.compute_start - self.b_started),
+        )
+
+    def intervals(self) -> list[tuple[str, float, float]]:
+        """Consecutive phase intervals, with decide and checkpoint as one."""
+        assert self.a_succeeded is not None and self.b_received is not None
+        marks = (
+            self.compute_end,
+            self.yielded_at,
+            self.a_ended,
+            self.a_succeeded,
+            self.b_received,
+            self.claimed_at,
+            self.b_started,
+            self.compute_start,
+        )
+        names = ("decide+checkpoint", *CLOCKQ_PHASES[2:])
+        return [(name, lo, hi) for name, lo, hi in zip(names, marks, marks[1:], strict=False)]
+
+
+def find_switches(
+    slices: list[dict], job_events: list[tuple], tasks: list[CeleryTask], warmup: int, notes: list[str]
+) -> list[SwitchTimes]:
+    """Every switch after the warm-up: a yielded slice followed by another job's slice."""
+    yields: dict[int, list[float]] = defaultdict(list)
+    claims: dict[int, list[float]] = defaultdict(list)
+    for job_id, src, dst, at in job_events:
+        if (src, dst) == ("running", "queued"):
+            yields[job_id].append(at.timestamp())
+        elif (src, dst) == ("queued", "running"):
+            claims[job_id].append(at.timestamp())
+    for times in (*yields.values(), *claims.values()):
+        times.sort()
+    received: dict[int, list[CeleryTask]] = defaultdict(list)
+    for task in sorted(tasks, key=lambda t: t.received):
+        received[task.args[0]].append(task)
+
+    found: list[SwitchTimes] = []
+    skipped = 0
+    pairs = [(a, b) for a, b in itertools.pairwise(slices) if a["outcome"] == "yielded" and a["job_id"] != b["job_id"]]
+    for a, b in pairs[warmup:]:
+        a_start, a_end, b_start = a["started_at"].timestamp(), a["ended_at"].timestamp(), b["started_at"].timestamp()
+        yielded_at = first_between(yields[a["job_id"]], a_start, a_end)
+        claimed_at = last_between(claims[b["job_id"]], a_end, b_start)
+        if yielded_at is None or claimed_at is None:
+            skipped += 1
+            continue
+        task_a = last_task_between(received[a["job_id"]], 0.0, a_start)
+        task_b = last_task_between(received[b["job_id"]], a_end, b_start)
+        found.append(
+            SwitchTimes(
+                compute_end=a_start + (a["restore_ms"] + a["used_ms"] + HALF_MS_TRUNCATION) / 1000,
+                yielded_at=yielded_at,
+                a_ended=a_end,
+                a_succeeded=task_a.succeeded if task_a else None,
+                b_received=task_b.received if task_b else None,
+                claimed_at=claimed_at,
+                b_started=b_start,
+                compute_start=b_start + b["restore_ms"] / 1000,
+                checkpoint_ms=a["checkpoint_ms"],
+            )
+        )
+    if skipped:
+        notes.append(f"{skipped} switch(es) skipped: their job events were not found")
+    return found
+
+
+def measure(label: str, switches: list[SwitchTimes], notes: list[str]) -> Measured:
+    phases: dict[str, list[float]] = defaultdict(list)
+    for switch in switches:
+        values = switch.phases()
+        if values is not None:
+            for name, value in zip(CLOCKQ_PHASES, values, strict=True):
+                phases[name].append(value)
+    return Measured(label, [s.total_ms for s in switches], dict(phases), notes)
+
+
+def first_between(times: list[float], lo: float, hi: float) -> float | None:
+    i = bisect.bisect_left(times, lo)
+    return times[i] if i < len(times) and times[i] <= hi else None
+
+
+def last_between(times: list[float], lo: float, hi: float) -> float | None:
+    i = bisect.bisect_right(times, hi)
+    return times[i - 1] if i > 0 and times[i - 1] >= lo else None
+
+
+def last_task_between(tasks: list[CeleryTask], lo: float, hi: float) -> CeleryTask | None:
+    found = None
+    for task in tasks:
+        if task.received > hi:
+            break
+        if task.received >= lo:
+            found = task
+    return found
+
+
+def ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def report(
+    args, work: Path, bare: Measured, runs: list[Measured], probed: Probed | None, notes: list[str], elapsed_s: float
+) -> None:
+    import celery
+    import django
+
+    print(
+        f"clockq slice switch vs bare Celery hop: one worker (prefork, concurrency 1), private redis-server, "
+        f"SQLite; SP slice {args.slice_ms} ms; {os.cpu_count()} CPUs; checkpoints on "
+        f"{filesystem_of(work.parent)}; Python {sys.version.split()[0]}, Celery {celery.__version__}, "
+        f"Django {django.__version__}; {elapsed_s:.0f} s"
+    )
+    for note in notes:
+        print(f"note: {note}")
+    print()
+    print(f"{'ms':<34}{'n':>6}{'median':>9}{'p90':>9}{'p99':>9}{'mean':>9}")
+    for measured, names in ((bare, BARE_PHASES), *((run, CLOCKQ_PHASES) for run in runs)):
+        print(row(measured.label, Summary.of(measured.totals)))
+        for name in names:
+            if name in measured.phases:
+                print(row(f"  {name}", Summary.of(measured.phases[name])))
+        for note in measured.notes:
+            print(f"  ({note})")
+        print()
+
+    if probed is not None:
+        report_probe(probed)
+        print()
+    main_run = runs[0]
+    switch, hop = Summary.of(main_run.totals), Summary.of(bare.totals)
+    for measured in (main_run, bare):
+        if len(measured.totals) < args.switches:
+            print(f"warning: {measured.label}: only {len(measured.totals)} of {args.switches} measured")
+    print(
+        f"switch ({args.state_kb} KB) median {switch.median:.2f} ms p99 {switch.p99:.2f} ms | "
+        f"bare hop median {hop.median:.2f} ms p99 {hop.p99:.2f} ms | "
+        f"ratio median {switch.median / hop.median:.1f} p99 {switch.p99 / hop.p99:.1f}"
+    )
+
+
+PROBE_KINDS = ("sql", "commit", "connect", "close", "redis")
+
+
+def report_probe(probed: Probed) -> None:
+    """Where the time goes inside each phase: timed SQL, COMMIT, connect, close and Redis calls.
+
+    Means per switch, so that the columns and rows add up; `other` is the phase's span less the
+    timed calls: Python, Django, Celery and logging work, file I/O, and waiting for the CPU."""
+    starts = [r[1] for r in probed.records]
+    switches = [s for s in probed.switches if s.a_succeeded is not None and s.b_received is not None]
+    if not switches or not starts:
+        print("probe: no switches with Celery events and probe records")
+        return
+    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for switch in switches:
+        for name, lo, hi in switch.intervals():
+            row_sums = sums[name]
+            row_sums["span"] += ms(hi - lo)
+            for kind, start, duration in probed.records[
+                bisect.bisect_left(starts, lo) : bisect.bisect_left(starts, hi)
+            ]:
+                if kind in PROBE_KINDS:
+                    row_sums[kind] += ms(duration)
+                    row_sums[f"n {kind}"] += 1
+                elif kind == "prerun" and name == "claim":
+                    row_sums["to child"] += ms(start - lo)
+                elif kind == "postrun" and name == "commit":
+                    row_sums["after body"] += ms(hi - start)
+    total: dict[str, float] = defaultdict(float)
+    for row_sums in sums.values():
+        for key, value in row_sums.items():
+            total[key] += value
+    sums["whole switch"] = total
+
+    n = len(switches)
+    median = Summary.of([s.total_ms for s in switches]).median
+    print(
+        f"probe: GPU worker with timers (-A bench._probe_app), {probed.state_kb} KB state, {n} switches, "
+        f"switch median {median:.2f} ms"
+    )
+    print(f"{'mean ms per switch':<20}{'span':>7}{'sql':>7}{'(n)':>5}{'commit':>8}{'connect':>8}{'close':>7}", end="")
+    print(f"{'redis':>7}{'(n)':>5}{'other':>7}")
+    for name in ("decide+checkpoint", *CLOCKQ_PHASES[2:], "whole switch"):
+        r = {key: value / n for key, value in sums[name].items()}
+        r = defaultdict(float, r)
+        other = r["span"] - sum(r[kind] for kind in PROBE_KINDS)
+        print(
+            f"{name:<20}{r['span']:>7.2f}{r['sql']:>7.2f}{r['n sql']:>5.1f}{r['commit']:>8.2f}{r['connect']:>8.2f}"
+            f"{r['close']:>7.2f}{r['redis']:>7.2f}{r['n redis']:>5.1f}{other:>7.2f}"
+        )
+    print(
+        f"  (commit: {total['after body'] / n:.2f} ms of it after the task body returned: result to the pool's "
+        f"parent, ack; claim: {total['to child'] / n:.2f} ms of it before the task body started: message to the "
+        f"pool child, trace setup)"
+    )
+    report_probe_functions(probed, switches, starts)
+
+
+def report_probe_functions(probed: Probed, switches: list[SwitchTimes], starts: list[float]) -> None:
+    """Time inside the timed functions and log calls during each switch. Nested, so not additive."""
+    totals: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for switch in switches:
+        # A's boundary starts as its compute ends, which is known to +-0.5 ms: look from 1 ms before.
+        lo, hi = switch.compute_end - 0.001, switch.compute_start
+        for kind, _start, duration in probed.records[bisect.bisect_left(starts, lo) : bisect.bisect_left(starts, hi)]:
+            if kind not in PROBE_KINDS and kind not in ("prerun", "postrun"):
+                totals[kind] += ms(duration)
+                calls[kind] += 1
+    n = len(switches)
+    print(f"{'timed calls in a switch (nested, mean per switch)':<52}{'ms':>7}{'calls':>7}")
+    for kind in sorted(totals, key=lambda k: -totals[k]):
+        print(f"  {kind:<50}{totals[kind] / n:>7.2f}{calls[kind] / n:>7.1f}")
+    for kind in sorted({r[0] for r in probed.records if r[0].startswith("missing ")}):
+        print(f"  ({kind}: not timed)")
+
+
+def row(label: str, s: Summary) -> str:
+    return f"{label:<34}{s.n:>6}{s.median:>9.2f}{s.p90:>9.2f}{s.p99:>9.2f}{s.mean:>9.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

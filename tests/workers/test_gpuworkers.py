@@ -1,0 +1,43 @@
+"""`manage.py gpuworkers`: one pinned worker per GPU, restarted when it dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+
+import pytest
+
+from tests.harness import wait_for
+from workers import broker
+from workers.launch import gpu_worker_argv, gpu_worker_env
+
+pytestmark = pytest.mark.integration
+
+
+def _heartbeat(gpu: int) -> dict | None:
+    raw = broker.client().get(f"clockq:worker:gpu{gpu}@{socket.gethostname()}")
+    return json.loads(raw) if raw else None
+
+
+def test_one_pinned_worker_per_gpu_consuming_the_tiers_in_order():
+    argv = gpu_worker_argv(3, host="node7")
+    assert argv[argv.index("--hostname") + 1] == "gpu3@node7"
+    assert argv[argv.index("--queues") + 1] == "rt,hp,sp,bp,bk"
+    assert argv[argv.index("--concurrency") + 1] == "1"
+    assert gpu_worker_env(3) == {"CUDA_VISIBLE_DEVICES": "3", "CLOCKQ_GPU_INDEX": "3"}
+
+
+def test_a_worker_killed_with_sigkill_is_restarted(start_workers):
+    workers = start_workers(gpus=2)
+    victim = _heartbeat(1)["pid"]
+    bystander = _heartbeat(0)["pid"]
+    assert victim in workers.worker_pids()
+
+    os.kill(victim, signal.SIGKILL)
+
+    restarted = wait_for(lambda: (hb := _heartbeat(1)) and hb["pid"] != victim and hb, 30, what="a new gpu1 worker")
+    assert restarted["gpu"] == 1
+    assert restarted["pid"] in workers.worker_pids()
+    assert _heartbeat(0)["pid"] == bystander  # the other GPU's worker was left alone
