@@ -63,6 +63,19 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_int_list(name: str, default: list[int], *, min_value: int, max_value: int) -> list[int]:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        values = [int(part) for part in raw.split(",")]
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a comma list of integers") from None
+    if any(not min_value <= v <= max_value for v in values):
+        raise ImproperlyConfigured(f"{name}={raw!r}: each value must be between {min_value} and {max_value}")
+    return values
+
+
 def parse_gpus(raw: str) -> str | list[int]:
     """`auto`, `sim:N` or a comma list of GPU indices such as `0,1,3`.
 

@@ -8,7 +8,16 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
-from clockq.env import env_bool, env_float, env_int, env_list, env_str, parse_gpus, persistent_secret
+from clockq.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_int_list,
+    env_list,
+    env_str,
+    parse_gpus,
+    persistent_secret,
+)
 from clockq.policy.tiers import QUEUES_IN_ORDER
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -72,7 +81,6 @@ except Exception as exc:  # dj_database_url raises several types for a malformed
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Workers, beat and the web server share one file: WAL lets readers run beside a writer,
     # IMMEDIATE transactions take the write lock up front instead of failing on upgrade.
-    _db["CONN_MAX_AGE"] = 0
     _db["OPTIONS"] = {
         "timeout": 30,
         "transaction_mode": "IMMEDIATE",
@@ -168,17 +176,25 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
 RECONCILE_EVERY_S = env_int("CLOCKQ_RECONCILE_EVERY_S", 15, min_value=1)
+REAP_EVERY_S = env_int("CLOCKQ_REAP_EVERY_S", 10, min_value=1)
 CELERY_BEAT_SCHEDULE = {
     "reconcile-queued-jobs": {
         "task": "clockq.reconcile_queued_jobs",
         "schedule": float(RECONCILE_EVERY_S),
         "options": {"queue": CONTROL_QUEUE, "expires": RECONCILE_EVERY_S},
     },
+    "reap-expired-leases": {
+        "task": "clockq.reap_expired_leases",
+        "schedule": float(REAP_EVERY_S),
+        "options": {"queue": CONTROL_QUEUE, "expires": REAP_EVERY_S},
+    },
 }
 
 # --- clockq ---------------------------------------------------------------------------------
 
 CLOCKQ_GPUS = parse_gpus(env_str("CLOCKQ_GPUS") or "auto")
+# Memory of each simulated GPU in MiB, e.g. "16384,81920"; the last value repeats.
+CLOCKQ_SIM_GPU_MEMORY_MIB = env_int_list("CLOCKQ_SIM_GPU_MEMORY_MIB", [16384], min_value=1, max_value=4 * 2**20)
 CLOCKQ_CHECKPOINT_DIR = Path(env_str("CLOCKQ_CHECKPOINT_DIR") or VAR_DIR / "checkpoints")
 PORT = env_int("PORT", 8000, min_value=1, max_value=65535)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, min_value=1, max_value=65535)
@@ -191,6 +207,18 @@ CLOCKQ_MAX_RETRIES = env_int("CLOCKQ_MAX_RETRIES", 3, min_value=0, max_value=100
 CLOCKQ_CHECKPOINT_EVERY_S = env_float("CLOCKQ_CHECKPOINT_EVERY_S", 60.0, min_value=0.0, max_value=86400.0)
 # A queued job whose message has been missing from the broker this long is dispatched again.
 CLOCKQ_REDISPATCH_GRACE_S = env_float("CLOCKQ_REDISPATCH_GRACE_S", 10.0, min_value=0.0, max_value=3600.0)
+
+# A running job's lease: renewed every quarter of it by its worker; past it, the reaper takes
+# the job back. It must outlast a stalled database write, not a step: renewal runs in a thread.
+CLOCKQ_LEASE_S = env_float("CLOCKQ_LEASE_S", 20.0, min_value=1.0, max_value=3600.0)
+# Slices are never so short that switching costs more than this share of the GPU.
+CLOCKQ_OVERHEAD_BUDGET = env_float("CLOCKQ_OVERHEAD_BUDGET", 0.05, min_value=0.0, max_value=1.0)
+CLOCKQ_MAX_SLICE_MS = env_int("CLOCKQ_MAX_SLICE_MS", 5000, min_value=1, max_value=3_600_000)
+# Warm resume: live workloads a worker keeps after yielding them, bounded by count and state size.
+CLOCKQ_WARM_CACHE_JOBS = env_int("CLOCKQ_WARM_CACHE_JOBS", 2, min_value=0, max_value=64)
+CLOCKQ_WARM_CACHE_MB = env_int("CLOCKQ_WARM_CACHE_MB", 512, min_value=0)
+# GPU telemetry sampling interval while a slice runs.
+CLOCKQ_SAMPLE_EVERY_S = env_float("CLOCKQ_SAMPLE_EVERY_S", 0.01, min_value=0.001, max_value=10.0)
 
 CLOCKQ_WORKLOADS = {
     "synthetic": "workers.workloads.synthetic.SyntheticWorkload",

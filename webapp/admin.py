@@ -73,7 +73,7 @@ class JobAddForm(forms.ModelForm):
 
     class Meta:
         model = Job
-        fields = ["owner", "name", "tier", "workload", "params", "deadline"]
+        fields = ["owner", "name", "tier", "workload", "params", "deadline", "gpu_mem_mib"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -221,6 +221,7 @@ class JobAdmin(admin.ModelAdmin):
             workload=cd["workload"],
             params=cd["params"],
             deadline=cd["deadline"],
+            gpu_mem_mib=cd.get("gpu_mem_mib"),
             actor=request.user.get_username(),
         )
         obj.pk = job.pk

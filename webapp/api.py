@@ -18,7 +18,7 @@ from webapp.models import Job, QueueTier
 from webapp.serializers import EventSerializer, JobSerializer, SliceSerializer
 from workers import heartbeat
 
-SUBMIT_FIELDS = {"name", "tier", "workload", "params", "deadline"}
+SUBMIT_FIELDS = {"name", "tier", "workload", "params", "deadline", "gpu_mem_mib"}
 
 
 @api_view(["GET", "POST"])
@@ -52,15 +52,7 @@ def _submit(request):
     form = JobSubmitForm(data, user=request.user)
     if not form.is_valid():
         return Response(form.errors.get_json_data(), status=400)
-    cd = form.cleaned_data
-    job = services.submit_job(
-        owner=request.user,
-        name=cd["name"],
-        tier_code=cd["tier"],
-        workload=cd["workload"],
-        params=cd["params"],
-        deadline=cd["deadline"],
-    )
+    job = services.submit_job(owner=request.user, **form.submission())
     return Response(
         JobSerializer(Job.objects.select_related("tier", "original_tier", "owner").get(pk=job.pk)).data,
         status=status.HTTP_201_CREATED,

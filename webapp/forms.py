@@ -19,11 +19,23 @@ class JobSubmitForm(forms.Form):
     workload = forms.ChoiceField(choices=())
     params = forms.JSONField(required=False, initial=dict, widget=forms.Textarea(attrs={"rows": 4}))
     deadline = forms.DateTimeField(required=False, help_text="Optional; ISO 8601, e.g. 2030-01-31T18:00:00Z")
+    gpu_mem_mib = forms.IntegerField(
+        required=False, min_value=1, max_value=4 * 2**20, label="GPU memory (MiB)",
+        help_text="Optional; the job only starts on a GPU with this much free memory.",
+    )  # fmt: skip
 
     def __init__(self, *args, user=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.user = user
         self.fields["workload"].choices = [(name, name) for name in registry.available()]
+
+    def submission(self) -> dict:
+        """The cleaned input as keyword arguments for services.submit_job."""
+        cd = self.cleaned_data
+        return {
+            "name": cd["name"], "tier_code": cd["tier"], "workload": cd["workload"], "params": cd["params"],
+            "deadline": cd["deadline"], "gpu_mem_mib": cd.get("gpu_mem_mib"),
+        }  # fmt: skip
 
     def clean_params(self):
         params = self.cleaned_data.get("params")

@@ -6,7 +6,7 @@ from django.db import connection
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
-from workers import broker, heartbeat
+from workers import broker, heartbeat, telemetry
 
 
 @require_GET
@@ -27,4 +27,17 @@ def healthz(request):
             checks["broker"] = {"ok": False, "error": str(exc)[:200]}
     checks["workers"] = {"ok": bool(gpu_workers), "gpu_workers": gpu_workers}
     ok = all(c["ok"] for c in checks.values())
-    return JsonResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503)
+    body = {"status": "ok" if ok else "unavailable", "checks": checks, "gpu_errors": _gpu_errors(checks)}
+    return JsonResponse(body, status=200 if ok else 503)
+
+
+def _gpu_errors(checks: dict) -> dict[str, str]:
+    """NVML errors that GPU workers reported with their latest samples (a GPU off the bus, a
+    driver mismatch). Shown here, but not a reason for 503: the other GPUs still run jobs."""
+    if not checks["broker"]["ok"]:
+        return {}
+    try:
+        samples = telemetry.cluster_samples(broker.client())
+    except Exception:
+        return {}
+    return {f"gpu{s.gpu_index}@{s.host}": s.error for s in samples if s.error}

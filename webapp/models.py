@@ -72,6 +72,16 @@ class Job(models.Model):
     dispatch_token = models.CharField(max_length=32, default=new_token)
     dispatched_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="")
+    # While running: the worker's lease, renewed as it works. Past it, the reaper takes the job back.
+    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    slice_started_at = models.DateTimeField(null=True, blank=True)
+    # Measured by workers: recent GPU utilisation (EWMA, 0-1) and the cost of one switch (ms).
+    util_ewma = models.FloatField(null=True, blank=True)
+    switch_cost_ms = models.FloatField(null=True, blank=True)
+    gpu_mem_mib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="GPU memory the job needs; it only starts on a GPU with this much free."
+    )
+    placement_note = models.CharField(max_length=300, blank=True, default="", help_text="Why it is not running.")
     failures = models.PositiveIntegerField(default=0, help_text="Failed slices since the last success or requeue.")
     last_error = models.TextField(blank=True, default="")
 
@@ -102,6 +112,8 @@ class Slice(models.Model):
     checkpoint_bytes = models.PositiveBigIntegerField(default=0)
     checkpoint_ms = models.FloatField(default=0.0)
     restore_ms = models.FloatField(default=0.0)
+    gpu_util = models.FloatField(null=True, blank=True, help_text="Mean GPU utilisation over the slice.")
+    plan_reason = models.CharField(max_length=10, blank=True, default="", help_text="formula, floor or overhead")
 
     class Meta:
         ordering = ["started_at", "id"]

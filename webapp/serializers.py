@@ -21,6 +21,8 @@ class SliceSerializer(serializers.ModelSerializer):
             "checkpoint_bytes",
             "checkpoint_ms",
             "restore_ms",
+            "gpu_util",
+            "plan_reason",
         ]
 
 
@@ -60,5 +62,9 @@ class JobSerializer(serializers.ModelSerializer):
             "submitted_at",
             "first_started_at",
             "finished_at",
+            "gpu_mem_mib",
+            "placement_note",
+            "util_ewma",
+            "switch_cost_ms",
         ]
         read_only_fields = fields

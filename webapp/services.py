@@ -8,7 +8,8 @@ from django.utils import timezone
 from clockq.policy.slicing import PENDING_HOLD, PENDING_NONE, PENDING_REQUEUE
 from clockq.policy.states import TERMINAL_STATES, JobState
 from webapp.models import Job, JobEvent, QueueTier
-from webapp.transitions import publish_dispatch, transition
+from webapp.transitions import Changed, publish_dispatch, transition
+from workers import broker, signals
 
 S = JobState
 
@@ -18,7 +19,15 @@ class ActionRefused(Exception):
 
 
 def submit_job(
-    *, owner, name: str, tier_code: str, workload: str, params: dict, deadline=None, actor: str | None = None
+    *,
+    owner,
+    name: str,
+    tier_code: str,
+    workload: str,
+    params: dict,
+    deadline=None,
+    gpu_mem_mib: int | None = None,
+    actor: str | None = None,
 ) -> Job:
     """Create a queued job from already-validated input and send its wake-up message."""
     tier = QueueTier.objects.get(code=tier_code)
@@ -31,6 +40,7 @@ def submit_job(
             original_tier=tier,
             workload=workload,
             params=params,
+            gpu_mem_mib=gpu_mem_mib,
             deadline=deadline,
             state=S.QUEUED,
             enqueued_at=now,
@@ -48,7 +58,7 @@ def submit_job(
 
 
 def cancel_job(job: Job, actor: str) -> Job:
-    """Cancel at once. A running worker notices at its next slice boundary and stops."""
+    """Cancel at once. A running worker notices at its next step and stops."""
     if job.state in TERMINAL_STATES:
         raise ActionRefused(f"job is already {job.state}")
     done = transition(
@@ -60,11 +70,13 @@ def cancel_job(job: Job, actor: str) -> Job:
         rotate_token=True,
         updates={"finished_at": timezone.now()},
     )
+    if done and done.from_state == S.RUNNING:
+        _tell_worker(job.pk)
     return _or_refuse(done, job, "cancel")
 
 
 def hold_job(job: Job, actor: str) -> Job:
-    """Keep a job from running. A running job checkpoints at its next slice boundary first."""
+    """Keep a job from running. A running job checkpoints at its next step first."""
     if job.state == S.RUNNING:
         return _set_pending(job, PENDING_HOLD, actor)
     done = transition(job.pk, to=S.HELD, expect={S.QUEUED}, reason="held", actor=actor, rotate_token=True)
@@ -103,15 +115,21 @@ def _set_pending(job: Job, action: str, actor: str) -> Job:
         job_id=job.pk,
         from_state=S.RUNNING,
         to_state=S.RUNNING,
-        reason=f"{action} requested; takes effect at the next slice boundary",
+        reason=f"{action} requested; takes effect at the next step",
         actor=actor,
     )
+    _tell_worker(job.pk)
     job.refresh_from_db()
     return job
 
 
-def _or_refuse(done: Job | None, job: Job, action: str) -> Job:
+def _tell_worker(job_id: int) -> None:
+    """Ask the worker running this job to look at it at its next step, once this commits."""
+    transaction.on_commit(lambda: signals.announce_job_changed(broker.client(), job_id))
+
+
+def _or_refuse(done: Changed | None, job: Job, action: str) -> Job:
+    job.refresh_from_db()
     if done is None:
-        job.refresh_from_db()
         raise ActionRefused(f"cannot {action} job #{job.pk} while it is {job.state}")
-    return done
+    return job

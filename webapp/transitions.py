@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from clockq.policy.states import JobState, can_transition
+from clockq.policy.tiers import QUEUES_IN_ORDER
 from webapp.models import Job, JobEvent, new_token
 
 log = logging.getLogger("clockq.transitions")
+
+
+@dataclass(frozen=True)
+class Changed:
+    """A transition that happened."""
+
+    job_id: int
+    from_state: str
+    token: str  # the job's dispatch token after the change
 
 
 def transition(
@@ -25,13 +36,15 @@ def transition(
     token: str | None = None,
     rotate_token: bool = False,
     updates: dict[str, Any] | None = None,
-) -> Job | None:
+    queue_name: str | None = None,
+) -> Changed | None:
     """Move a job to `to` if it is in one of `expect` (and holds `token`, when given).
 
-    Returns the updated job, or None when the job was elsewhere: another process got there
-    first, or the caller's token is stale. Nothing is written in that case.
-    With `rotate_token`, the job gets a fresh dispatch token, so every message sent before
-    this change becomes stale.
+    Returns what changed, or None when the job was elsewhere: another process got there first,
+    or the caller's token is stale. Nothing is written in that case. With `rotate_token`, the
+    job gets a fresh dispatch token, so every message sent before this change becomes stale.
+    Entering `queued` sends the wake-up message after commit, to `queue_name` if given (callers
+    on the hot path know it), else to the job's tier queue.
     """
     expect = frozenset(expect)
     for src in expect:
@@ -42,33 +55,42 @@ def transition(
         fields["dispatch_token"] = new_token()
     # An operator's pending request is answered by any change of state.
     fields.setdefault("pending_action", "")
-    now = timezone.now()
+    if to != JobState.RUNNING:
+        fields.setdefault("lease_expires_at", None)
     if to == JobState.QUEUED:
+        now = timezone.now()
         fields.setdefault("enqueued_at", now)
         fields.setdefault("dispatched_at", now)
         fields.setdefault("worker", "")
 
     with transaction.atomic():
-        current = Job.objects.filter(pk=job_id).values_list("state", "dispatch_token").first()
-        if current is None:
-            return None
-        state, current_token = current
-        if state not in expect or (token is not None and current_token != token):
-            return None
+        if len(expect) == 1 and token is not None:
+            # The caller knows the state and token: one conditional UPDATE is the whole check.
+            (state,) = expect
+            current_token = token
+        else:
+            current = Job.objects.filter(pk=job_id).values_list("state", "dispatch_token").first()
+            if current is None:
+                return None
+            state, current_token = current
+            if state not in expect or (token is not None and current_token != token):
+                return None
         match = Job.objects.filter(pk=job_id, state=state, dispatch_token=current_token)
         if match.update(**fields) != 1:
-            return None  # another process changed the row between our read and our write
+            return None  # another process got there first, or the token is stale
         JobEvent.objects.create(job_id=job_id, from_state=state, to_state=to, reason=reason[:2000], actor=actor)
-        job = Job.objects.select_related("tier").get(pk=job_id)
+        changed = Changed(job_id, state, fields.get("dispatch_token", current_token))
         if to == JobState.QUEUED:
-            transaction.on_commit(lambda: publish_dispatch(job.pk, job.dispatch_token, job.tier.queue_name))
+            queue = queue_name or Job.objects.filter(pk=job_id).values_list("tier__queue_name", flat=True).get()
+            transaction.on_commit(lambda: publish_dispatch(job_id, changed.token, queue))
     log.info("job %s: %s -> %s (%s) by %s", job_id, state, to, reason, actor)
-    return job
+    return changed
 
 
 def publish_dispatch(job_id: int, token: str, queue_name: str) -> bool:
     """Send the wake-up message. A failure is logged, not raised: the job is queued in the
     database, and the reconciler sends it again once the broker is back."""
+    from workers import broker, signals
     from workers.dispatch import send_run_slice
 
     try:
@@ -76,4 +98,7 @@ def publish_dispatch(job_id: int, token: str, queue_name: str) -> bool:
     except Exception as exc:  # the broker may be down; the database already holds the truth
         log.warning("job %s: dispatch to %s failed (%s); the reconciler will retry", job_id, queue_name, exc)
         return False
+    if queue_name == QUEUES_IN_ORDER[0]:
+        # Running slices of lower tiers end at their next step instead of their slice end.
+        signals.announce_rt_waiting(broker.client())
     return True

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from webapp import api, health, views
+from webapp import api, gpus_api, health, views
 
 urlpatterns = [
     path("", views.job_list, name="home"),
@@ -12,5 +12,6 @@ urlpatterns = [
     path("api/jobs/<int:job_id>", api.job_detail, name="api-job"),
     path("api/jobs/<int:job_id>/cancel", api.job_cancel, name="api-job-cancel"),
     path("api/queues", api.queues, name="api-queues"),
+    path("api/gpus", gpus_api.gpus, name="api-gpus"),
     path("healthz", health.healthz, name="healthz"),
 ]

@@ -23,15 +23,7 @@ def job_list(request):
 def job_new(request):
     form = JobSubmitForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
-        cd = form.cleaned_data
-        job = services.submit_job(
-            owner=request.user,
-            name=cd["name"],
-            tier_code=cd["tier"],
-            workload=cd["workload"],
-            params=cd["params"],
-            deadline=cd["deadline"],
-        )
+        job = services.submit_job(owner=request.user, **form.submission())
         messages.success(request, f"Job #{job.pk} submitted to {job.tier.code}.")
         return redirect("job-detail", job_id=job.pk)
     return render(request, "webapp/job_new.html", {"form": form}, status=400 if form.errors else 200)

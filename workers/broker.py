@@ -14,6 +14,8 @@ from functools import cache
 
 import redis
 from django.conf import settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from clockq.policy.tiers import QUEUES_IN_ORDER
 from workers.dispatch import RUN_SLICE_TASK
@@ -25,7 +27,12 @@ SCAN_CHUNK = 1000
 
 @cache
 def client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+    # One immediate retry (a connection gone stale across a broker restart), no backoff: this
+    # client is used at slice boundaries, where a dead broker must cost milliseconds, not the
+    # seconds of redis-py's default retry policy.
+    return redis.Redis.from_url(
+        settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2, retry=Retry(NoBackoff(), 1)
+    )
 
 
 def waiting_by_rank(queues: Sequence[str] = QUEUES_IN_ORDER) -> list[int]:

@@ -44,25 +44,27 @@ def nvml_gpus() -> list[Gpu]:
         pynvml.nvmlShutdown()
 
 
-def simulated_gpus(count: int) -> list[Gpu]:
-    return [Gpu(i, "simulated GPU", 16 * 1024, True) for i in range(count)]
+def simulated_gpus(count: int, memory_mib: list[int] | None = None) -> list[Gpu]:
+    """`count` simulated GPUs; `memory_mib` gives each one's memory (the last value repeats)."""
+    sizes = memory_mib or [16 * 1024]
+    return [Gpu(i, "simulated GPU", sizes[min(i, len(sizes) - 1)], True) for i in range(count)]
 
 
-def discover(setting: str | list[int]) -> list[Gpu]:
+def discover(setting: str | list[int], sim_memory_mib: list[int] | None = None) -> list[Gpu]:
     """Resolve CLOCKQ_GPUS (already parsed) into the GPUs this host should run workers for."""
     if isinstance(setting, str) and setting.startswith("sim:"):
-        return simulated_gpus(int(setting[4:]))
+        return simulated_gpus(int(setting[4:]), sim_memory_mib)
     try:
         real = nvml_gpus()
     except RuntimeError as exc:
         if setting == "auto":
             log.warning("%s; using %s simulated GPUs", exc, DEFAULT_SIMULATED)
-            return simulated_gpus(DEFAULT_SIMULATED)
+            return simulated_gpus(DEFAULT_SIMULATED, sim_memory_mib)
         raise ImproperlyConfigured(f"CLOCKQ_GPUS={','.join(map(str, setting))} but {exc}") from None
     if setting == "auto":
         if not real:
             log.warning("NVML found no GPU; using %s simulated GPUs", DEFAULT_SIMULATED)
-            return simulated_gpus(DEFAULT_SIMULATED)
+            return simulated_gpus(DEFAULT_SIMULATED, sim_memory_mib)
         return real
     by_index = {g.index: g for g in real}
     missing = [i for i in setting if i not in by_index]

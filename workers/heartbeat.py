@@ -15,7 +15,7 @@ import time
 
 import redis
 
-from workers import broker
+from workers import broker, telemetry
 
 log = logging.getLogger("clockq.heartbeat")
 
@@ -24,7 +24,9 @@ INTERVAL_S = 5
 TTL_S = 15
 
 
-def start(hostname: str, gpu_index: int | None) -> threading.Thread:
+def start(hostname: str, gpu_index: int | None, probe: telemetry.Probe | None = None) -> threading.Thread:
+    """Refresh this worker's key; a GPU worker also publishes its GPU's telemetry while idle
+    (the pool process publishes while a slice runs)."""
     info = {
         "hostname": hostname,
         "gpu": gpu_index,
@@ -37,6 +39,8 @@ def start(hostname: str, gpu_index: int | None) -> threading.Thread:
         while True:
             try:
                 broker.client().set(KEY_PREFIX + hostname, json.dumps(info), ex=TTL_S)
+                if probe is not None:
+                    telemetry.publish(broker.client(), probe.sample(), only_if_absent=True)
             except redis.RedisError as exc:
                 log.warning("heartbeat for %s failed: %s", hostname, exc)
             time.sleep(INTERVAL_S)

@@ -6,6 +6,7 @@ import socket
 import sys
 
 from clockq.policy.tiers import QUEUES_IN_ORDER
+from workers.gpus import Gpu
 
 
 def gpu_worker_argv(gpu_index: int, host: str | None = None, loglevel: str = "INFO") -> list[str]:
@@ -35,8 +36,14 @@ def gpu_worker_argv(gpu_index: int, host: str | None = None, loglevel: str = "IN
     ]
 
 
-def gpu_worker_env(gpu_index: int) -> dict[str, str]:
-    return {"CUDA_VISIBLE_DEVICES": str(gpu_index), "CLOCKQ_GPU_INDEX": str(gpu_index)}
+def gpu_worker_env(gpu: Gpu) -> dict[str, str]:
+    """Pin the worker to its GPU, and tell it what kind of GPU that is."""
+    return {
+        "CUDA_VISIBLE_DEVICES": str(gpu.index),
+        "CLOCKQ_GPU_INDEX": str(gpu.index),
+        "CLOCKQ_GPU_SIMULATED": "1" if gpu.simulated else "0",
+        "CLOCKQ_GPU_MEMORY_MIB": str(gpu.memory_total_mib),
+    }
 
 
 def control_worker_argv(host: str | None = None, loglevel: str = "INFO") -> list[str]:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -26,42 +27,44 @@ from clockq.policy.slicing import (
     Boundary,
     BoundaryAction,
     SliceOutcome,
+    SlicePlan,
     decide_at_boundary,
-    plan_slice_ms,
+    ewma,
+    plan_slice,
     waiting_ahead,
 )
 from clockq.policy.states import JobState
-from webapp.models import Job, JobEvent, QueueTier, Slice
+from webapp.models import Job, JobEvent, Slice
 from webapp.transitions import transition
-from workers import broker, shutdown
-from workers.checkpoints import CheckpointStore
+from workers import broker
+from workers.lease import lease_until
+from workers.runtime import Runtime, TierInfo
 from workers.workloads import registry
 from workers.workloads.base import RunContext, Workload
 
 log = logging.getLogger("clockq.slices")
 
 RUNNING = JobState.RUNNING
-
-
-@dataclass(frozen=True)
-class WorkerIdentity:
-    hostname: str  # gpu<N>@<host>
-    gpu_index: int
+_JOB_FIELDS = (
+    "id", "state", "dispatch_token", "enqueued_at", "deadline", "first_started_at", "tier_id", "workload", "params",
+    "progress", "checkpoint_generation", "util_ewma", "switch_cost_ms", "gpu_mem_mib",
+)  # fmt: skip
 
 
 @dataclass
 class SliceRecord:
     started_at: datetime
-    planned_ms: int
+    plan: SlicePlan
     used_ms: float = 0.0
     steps: int = 0
     restore_ms: float = 0.0
     checkpoint_bytes: int = 0
     checkpoint_ms: float = 0.0
+    gpu_util: float | None = None
 
 
 class LostOwnership(Exception):
-    """The job was cancelled, or re-dispatched elsewhere, while this worker ran it."""
+    """The job was cancelled, or taken back by the reaper, while this worker ran it."""
 
 
 class SliceFailed(Exception):
@@ -78,121 +81,158 @@ def workload_errors() -> Iterator[None]:
         raise SliceFailed(repr(exc)) from exc
 
 
-def run_dispatch(job_id: int, token: str, worker: WorkerIdentity, store: CheckpointStore | None = None) -> str:
+def run_dispatch(job_id: int, token: str, runtime: Runtime) -> str:
     """Handle one dispatch message. Returns a short word saying what happened, for logs."""
-    store = store or CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
-    job = claim_job(job_id, token, worker)
+    t0 = time.perf_counter()
+    job = claim_job(job_id, token, runtime)
     if job is None:
         return "stale"
-    return JobRun(job, worker, store).run()
+    return JobRun(job, runtime, claim_ms=(time.perf_counter() - t0) * 1000).run()
 
 
-def claim_job(job_id: int, token: str, worker: WorkerIdentity) -> Job | None:
-    """Take a queued job for this worker, or return None if the message is stale."""
-    job = Job.objects.filter(pk=job_id).only("state", "dispatch_token", "enqueued_at", "deadline").first()
-    if job is None or job.state != JobState.QUEUED or job.dispatch_token != token:
+def claim_job(job_id: int, token: str, runtime: Runtime) -> dict[str, Any] | None:
+    """Take a queued job for this worker. None if the message is stale, or the job cannot run
+    here (its deadline passed, or it does not fit in this GPU's free memory)."""
+    job = Job.objects.filter(pk=job_id).values(*_JOB_FIELDS).first()
+    if job is None or job["state"] != JobState.QUEUED or job["dispatch_token"] != token:
         log.info("job %s: dropping stale message (token %s)", job_id, token[:8])
         return None
     now = timezone.now()
-    if job.deadline and now >= job.deadline:
+    worker = runtime.identity
+    if job["deadline"] and now >= job["deadline"]:
         transition(
-            job_id,
-            to=JobState.TIMED_OUT,
-            expect={JobState.QUEUED},
-            token=token,
-            reason="deadline passed before the job could start",
-            actor=worker.hostname,
-            updates={"finished_at": now},
-        )
+            job_id, to=JobState.TIMED_OUT, expect={JobState.QUEUED}, token=token,
+            reason="deadline passed before the job could start", actor=worker.hostname, updates={"finished_at": now},
+        )  # fmt: skip
         return None
-    waited_ms = int((now - job.enqueued_at).total_seconds() * 1000) if job.enqueued_at else 0
-    return transition(
-        job_id,
-        to=RUNNING,
-        expect={JobState.QUEUED},
-        token=token,
-        reason=f"claimed on GPU {worker.gpu_index}",
-        actor=worker.hostname,
+    if not _fits(job, runtime):
+        return None
+    waited_ms = max(int((now - job["enqueued_at"]).total_seconds() * 1000), 0) if job["enqueued_at"] else 0
+    changed = transition(
+        job_id, to=RUNNING, expect={JobState.QUEUED}, token=token,
+        reason=f"claimed on GPU {worker.gpu_index}", actor=worker.hostname,
         updates={
             "worker": worker.hostname,
-            "wait_ms": F("wait_ms") + max(waited_ms, 0),
-            "first_started_at": job.first_started_at if job.first_started_at else now,
+            "wait_ms": F("wait_ms") + waited_ms,
+            "first_started_at": job["first_started_at"] or now,
+            "lease_expires_at": lease_until(),
+            "slice_started_at": now,
+            "placement_note": "",
         },
+    )  # fmt: skip
+    return job if changed else None
+
+
+def _fits(job: dict[str, Any], runtime: Runtime) -> bool:
+    """Whether the job's declared GPU memory fits in this GPU's free memory right now. If not,
+    the job stays queued with the reason on it; the reconciler sends it out again after its
+    grace period, so another GPU (or this one, once free) can take it."""
+    need = job["gpu_mem_mib"]
+    if not need:
+        return True
+    free = runtime.probe.free_memory_mib()
+    if free is None or free >= need:
+        return True
+    note = f"needs {need} MiB of GPU memory; {runtime.identity.hostname} had {free} MiB free"
+    Job.objects.filter(pk=job["id"], state=JobState.QUEUED, dispatch_token=job["dispatch_token"]).update(
+        placement_note=note[:300]
     )
+    log.info("job %s: %s; leaving it queued", job["id"], note)
+    return False
 
 
 class JobRun:
     """One claim of one job on one worker: from restore to finish, yield or failure."""
 
-    def __init__(self, job: Job, worker: WorkerIdentity, store: CheckpointStore):
+    def __init__(self, job: dict[str, Any], runtime: Runtime, claim_ms: float):
         self.job = job
-        self.worker = worker
-        self.store = store
-        self.token = job.dispatch_token
-        self.generation = job.checkpoint_generation
-        self.progress = job.progress
+        self.job_id: int = job["id"]
+        self.rt = runtime
+        self.token: str = job["dispatch_token"]
+        self.tier: TierInfo = runtime.tiers.get(job["tier_id"])
+        self.generation: int = job["checkpoint_generation"]
+        self.progress: float = job["progress"]
+        self.util_ewma: float | None = job["util_ewma"]
+        self.switch_cost_ms: float | None = job["switch_cost_ms"]
         # What the database holds as the last good checkpoint; a failure rolls back to it.
-        self.saved_generation = job.checkpoint_generation
-        self.saved_progress = job.progress
+        self.saved_generation = self.generation
+        self.saved_progress = self.progress
         self.last_checkpoint_at = time.monotonic()
-        self.tier_ranks = dict(QueueTier.objects.values_list("id", "rank"))
+        self.claim_ms = claim_ms
+        self.restore_ms = 0.0
 
     def run(self) -> str:
-        record = SliceRecord(timezone.now(), self._plan_ms())
+        self.rt.leases.hold(self.job_id, self.token)
+        record = self._new_record()
         workload = None
+        keep_warm = False
         try:
             t0 = time.perf_counter()
             workload = self._restore()
-            record.restore_ms = (time.perf_counter() - t0) * 1000
+            record.restore_ms = self.restore_ms = (time.perf_counter() - t0) * 1000
+            self.rt.probe_load(workload)
             while True:
                 done = self._run_slice(workload, record)
                 outcome = self._at_boundary(workload, record, done)
                 if outcome != "continued":
+                    keep_warm = outcome == JobState.QUEUED
                     return outcome
-                record = SliceRecord(timezone.now(), self._plan_ms())
+                record = self._new_record()
         except LostOwnership as exc:
-            log.info("job %s: stopping, %s", self.job.pk, exc)
+            log.info("job %s: stopping, %s", self.job_id, exc)
             return "lost-ownership"
         except SliceFailed as exc:
             return self._after_failure(exc.__cause__ or exc, record)
         finally:
+            self.rt.leases.release()
+            self.rt.probe_load(None)
+            self.rt.interrupts.clear(self.job_id)
             if workload is not None:
-                try:
-                    workload.close()
-                except Exception:
-                    log.exception("job %s: workload close failed", self.job.pk)
+                if keep_warm:
+                    self.rt.warm.put(self.job_id, self.generation, workload, record.checkpoint_bytes)
+                else:
+                    self.rt.warm.drop(self.job_id)
+                    _close(workload, self.job_id)
 
     # --- the slice -------------------------------------------------------------------------
 
-    def _plan_ms(self) -> int:
-        tier = self.job.tier
-        return plan_slice_ms(tier.base_slice_ms, tier.min_slice_ms)
+    def _new_record(self) -> SliceRecord:
+        plan = plan_slice(
+            self.tier.base_slice_ms, self.tier.min_slice_ms, self.util_ewma, self.switch_cost_ms,
+            settings.CLOCKQ_OVERHEAD_BUDGET, settings.CLOCKQ_MAX_SLICE_MS,
+        )  # fmt: skip
+        return SliceRecord(timezone.now(), plan)
 
     def _restore(self) -> Workload:
+        warm = self.rt.warm.take(self.job_id, self.generation) if self.generation else None
+        if warm is not None:
+            return warm  # the same job came back to this worker at the same generation
         with workload_errors():
-            workload = registry.create(self.job.workload, self.job.params)
-            workload.setup(RunContext(self.job.pk, self.worker.gpu_index, self.store.work_dir(self.job.pk)))
+            workload = registry.create(self.job["workload"], self.job["params"])
+            workload.setup(RunContext(self.job_id, self.rt.identity.gpu_index, self.rt.store.work_dir(self.job_id)))
         if self.generation:
-            restored = self.store.restore(self.job.pk, self.generation)
+            restored = self.rt.store.restore(self.job_id, self.generation)
             if restored.generation != self.generation:
-                self._note(
-                    f"checkpoint generation {self.generation} unusable ({'; '.join(restored.skipped)}); "
-                    + (
-                        f"restored generation {restored.generation}"
-                        if restored.state is not None
-                        else "no good checkpoint left, restarting from the beginning"
-                    )
+                fallback = (
+                    f"restored generation {restored.generation}"
+                    if restored.state is not None
+                    else "no good checkpoint left, restarting from the beginning"
                 )
-                self.generation = restored.generation
+                self._note(
+                    f"checkpoint generation {self.generation} unusable ({'; '.join(restored.skipped)}); {fallback}"
+                )
+                self.generation = self.saved_generation = restored.generation
             if restored.state is not None:
                 with workload_errors():
                     workload.load_state_dict(restored.state)
         return workload
 
     def _run_slice(self, workload: Workload, record: SliceRecord) -> bool:
+        interrupts, rank = self.rt.interrupts, self.tier.rank
         start = time.perf_counter()
-        budget_s = record.planned_ms / 1000.0
+        budget_s = record.plan.ms / 1000.0
         done = False
+        self.rt.sampler.start()
         try:
             with workload_errors():
                 while True:
@@ -204,39 +244,42 @@ class JobRun:
                     if self.progress >= 1.0:
                         done = True
                         break
-                    if time.perf_counter() - start >= budget_s:
+                    # An RT job waiting, or an operator's change, ends the slice at this step.
+                    if time.perf_counter() - start >= budget_s or interrupts.should_end_slice(self.job_id, rank):
                         break
         finally:
             record.used_ms = (time.perf_counter() - start) * 1000
+            stats = self.rt.sampler.stop()
+            record.gpu_util = stats.mean_gpu_util
+            if record.gpu_util is not None:
+                self.util_ewma = ewma(self.util_ewma, record.gpu_util)
+            self.rt.publisher.maybe_publish(stats.last)
         return done
 
     # --- the boundary ------------------------------------------------------------------------
 
     def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> str:
-        row = Job.objects.filter(pk=self.job.pk).values("state", "dispatch_token", "pending_action", "tier_id").first()
+        row = Job.objects.filter(pk=self.job_id).values("state", "dispatch_token", "pending_action", "tier_id").first()
         if row is None or row["state"] != RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
-        rank = self.tier_ranks.get(row["tier_id"], self.job.tier.rank)
+        self.rt.interrupts.clear(self.job_id)
+        if row["tier_id"] != self.tier.id:  # promoted (or moved by an operator) while running
+            self.tier = self.rt.tiers.get(row["tier_id"])
         decision = decide_at_boundary(
             Boundary(
                 done=done,
-                job_rank=rank,
-                waiting_by_rank=[] if done else self._waiting_by_rank(rank),
+                job_rank=self.tier.rank,
+                waiting_by_rank=[] if done else self._waiting_by_rank(self.tier.rank),
                 pending_action=row["pending_action"],
-                past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
-                shutting_down=shutdown.requested.is_set(),
+                past_deadline=bool(self.job["deadline"] and timezone.now() >= self.job["deadline"]),
+                shutting_down=self.rt.shutting_down(),
             )
         )
         action = decision.action
         if action == BoundaryAction.FINISH:
-            self._end(
-                record,
-                SliceOutcome.COMPLETED,
-                JobState.SUCCEEDED,
-                decision.reason,
-                {"finished_at": timezone.now(), "progress": 1.0},
-            )
-            return "succeeded"
+            self._end(record, SliceOutcome.COMPLETED, JobState.SUCCEEDED, decision.reason,
+                      {"finished_at": timezone.now(), "progress": 1.0})  # fmt: skip
+            return JobState.SUCCEEDED
         if action == BoundaryAction.CONTINUE:
             self._continue(workload, record)
             return "continued"
@@ -246,9 +289,15 @@ class JobRun:
             BoundaryAction.HOLD: JobState.HELD,
             BoundaryAction.TIME_OUT: JobState.TIMED_OUT,
         }[action]
-        extra = {"finished_at": timezone.now()} if target == JobState.TIMED_OUT else {}
+        # This job's own switch cost, so the planner keeps its switching within the overhead
+        # budget: checkpoint, requeue (a transition like the claim, so the claim's time stands
+        # in for it), claim and restore.
+        cost = record.checkpoint_ms + 2 * self.claim_ms + self.restore_ms
+        extra: dict[str, Any] = {"switch_cost_ms": ewma(self.switch_cost_ms, cost)}
+        if target == JobState.TIMED_OUT:
+            extra["finished_at"] = timezone.now()
         self._end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
-        return str(target)
+        return target
 
     def _waiting_by_rank(self, rank: int) -> list[int]:
         """Jobs waiting per tier. The broker's queue lengths are the cheap first look; when they
@@ -258,7 +307,7 @@ class JobRun:
             waiting = broker.waiting_by_rank()
         except RedisError as exc:
             # With the broker down nothing can be dispatched anyway: keep the GPU busy.
-            log.warning("job %s: cannot read queue lengths (%s); continuing", self.job.pk, exc)
+            log.warning("job %s: cannot read queue lengths (%s); continuing", self.job_id, exc)
             return []
         if not waiting_ahead(rank, waiting):
             return waiting
@@ -275,11 +324,8 @@ class JobRun:
         if checkpointed:
             self._checkpoint(workload, record)
         with transaction.atomic():
-            updated = Job.objects.filter(pk=self.job.pk, state=RUNNING, dispatch_token=self.token).update(
-                progress=self.progress,
-                run_ms=F("run_ms") + int(record.used_ms),
-                slice_count=F("slice_count") + 1,
-                checkpoint_generation=self.generation,
+            updated = Job.objects.filter(pk=self.job_id, state=RUNNING, dispatch_token=self.token).update(
+                **self._progress_fields(record), lease_expires_at=lease_until(), slice_started_at=timezone.now()
             )
             if updated != 1:
                 raise LostOwnership("job changed under this worker")
@@ -291,87 +337,86 @@ class JobRun:
         t0 = time.perf_counter()
         with workload_errors():
             state = workload.state_dict()
-            record.checkpoint_bytes = self.store.write(self.job.pk, self.generation + 1, state)
+            record.checkpoint_bytes = self.rt.store.write(self.job_id, self.generation + 1, state)
         record.checkpoint_ms = (time.perf_counter() - t0) * 1000
         self.generation += 1
         self.last_checkpoint_at = time.monotonic()
 
+    def _progress_fields(self, record: SliceRecord) -> dict[str, Any]:
+        return {
+            "progress": self.progress,
+            "run_ms": F("run_ms") + int(record.used_ms),
+            "slice_count": F("slice_count") + 1,
+            "checkpoint_generation": self.generation,
+            "util_ewma": self.util_ewma,
+        }
+
     def _end(self, record: SliceRecord, outcome: SliceOutcome, to: JobState, reason: str, extra: dict) -> None:
         """Leave RUNNING, with the slice recorded in the same transaction."""
         with transaction.atomic():
-            job = transition(
-                self.job.pk,
-                to=to,
-                expect={RUNNING},
-                token=self.token,
-                reason=reason,
-                actor=self.worker.hostname,
-                rotate_token=to == JobState.QUEUED or to == JobState.HELD,
-                updates={
-                    "progress": self.progress,
-                    "run_ms": F("run_ms") + int(record.used_ms),
-                    "slice_count": F("slice_count") + 1,
-                    "checkpoint_generation": self.generation,
-                    **extra,
-                },
-            )
-            if job is None:
+            changed = transition(
+                self.job_id, to=to, expect={RUNNING}, token=self.token, reason=reason,
+                actor=self.rt.identity.hostname, rotate_token=to in (JobState.QUEUED, JobState.HELD),
+                updates={**self._progress_fields(record), **extra}, queue_name=self.tier.queue_name,
+            )  # fmt: skip
+            if changed is None:
                 raise LostOwnership("job changed under this worker")
             self._save_slice(record, outcome)
 
     def _save_slice(self, record: SliceRecord, outcome: SliceOutcome) -> None:
         Slice.objects.create(
-            job_id=self.job.pk,
-            worker=self.worker.hostname,
-            gpu_index=self.worker.gpu_index,
+            job_id=self.job_id,
+            worker=self.rt.identity.hostname,
+            gpu_index=self.rt.identity.gpu_index,
             started_at=record.started_at,
             ended_at=timezone.now(),
-            planned_ms=record.planned_ms,
+            planned_ms=record.plan.ms,
+            plan_reason=record.plan.reason,
             used_ms=int(record.used_ms),
             steps=record.steps,
             outcome=outcome,
             checkpoint_bytes=record.checkpoint_bytes,
             checkpoint_ms=record.checkpoint_ms,
             restore_ms=record.restore_ms,
+            gpu_util=record.gpu_util,
         )
 
     # --- failure -----------------------------------------------------------------------------
 
-    def _after_failure(self, exc: Exception, record: SliceRecord) -> str:
+    def _after_failure(self, exc: BaseException, record: SliceRecord) -> str:
         error = "".join(traceback.format_exception(exc, limit=8))[-4000:]
-        log.warning("job %s: workload raised %r", self.job.pk, exc)
-        failures = Job.objects.filter(pk=self.job.pk).values_list("failures", flat=True).first() or 0
-        failures += 1
+        log.warning("job %s: workload raised %r", self.job_id, exc)
+        failures = (Job.objects.filter(pk=self.job_id).values_list("failures", flat=True).first() or 0) + 1
         limit = settings.CLOCKQ_MAX_RETRIES
         give_up = failures > limit
         to = JobState.FAILED if give_up else JobState.QUEUED
         reason = (
-            f"failed {failures} time(s), over the retry limit of {limit}: {exc!r}"[:1000]
+            f"failed {failures} time(s), over the retry limit of {limit}: {exc!r}"
             if give_up
             else f"rolled back to checkpoint generation {self.saved_generation} after {exc!r}; "
-            f"retry {failures} of {limit}"[:1000]
+            f"retry {failures} of {limit}"
         )
         # The failed slice's own work is discarded: progress and generation go back to the
         # last checkpoint the database knows.
-        self.generation = self.saved_generation
-        self.progress = self.saved_progress
+        self.generation, self.progress = self.saved_generation, self.saved_progress
+        extra: dict[str, Any] = {"failures": failures, "last_error": error}
+        if give_up:
+            extra["finished_at"] = timezone.now()
         try:
-            self._end(
-                record,
-                SliceOutcome.FAILED,
-                to,
-                reason,
-                {
-                    "failures": failures,
-                    "last_error": error,
-                    **({"finished_at": timezone.now()} if give_up else {}),
-                },
-            )
+            self._end(record, SliceOutcome.FAILED, to, reason[:1000], extra)
         except LostOwnership:
             return "lost-ownership"
         return "failed" if give_up else "retrying"
 
     def _note(self, reason: str) -> None:
         JobEvent.objects.create(
-            job_id=self.job.pk, from_state=RUNNING, to_state=RUNNING, reason=reason[:2000], actor=self.worker.hostname
-        )
+            job_id=self.job_id, from_state=RUNNING, to_state=RUNNING, reason=reason[:2000],
+            actor=self.rt.identity.hostname,
+        )  # fmt: skip
+
+
+def _close(workload: Workload, job_id: int) -> None:
+    try:
+        workload.close()
+    except Exception:
+        log.exception("job %s: workload close failed", job_id)

@@ -9,9 +9,9 @@ import re
 from celery import shared_task
 from celery.signals import worker_ready
 
-from workers import heartbeat, reconcile, shutdown
+from workers import heartbeat, reaper, reconcile, runtime, shutdown, telemetry
 from workers.dispatch import RUN_SLICE_TASK
-from workers.slice_runner import WorkerIdentity, run_dispatch
+from workers.slice_runner import run_dispatch
 
 log = logging.getLogger("clockq.tasks")
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
@@ -27,7 +27,7 @@ def run_slice(self, job_id, token) -> str:
         log.error("dropping malformed dispatch message: job_id=%r token=%r", job_id, token)
         return "malformed"
     shutdown.ensure_handler()
-    return run_dispatch(job_id, token, WorkerIdentity(self.request.hostname or "unknown", gpu_index()))
+    return run_dispatch(job_id, token, runtime.for_worker(self.request.hostname or f"gpu{gpu_index()}@unknown"))
 
 
 @shared_task(name="clockq.reconcile_queued_jobs", ignore_result=True)
@@ -35,7 +35,17 @@ def reconcile_queued_jobs() -> int:
     return reconcile.reconcile_queued_jobs()
 
 
+@shared_task(name="clockq.reap_expired_leases", ignore_result=True)
+def reap_expired_leases() -> int:
+    return reaper.reap_expired_leases()
+
+
 @worker_ready.connect
 def _start_heartbeat(sender=None, **_kwargs) -> None:
     hostname = getattr(sender, "hostname", None) or "unknown"
-    heartbeat.start(hostname, gpu_index() if gpu_index() >= 0 else None)
+    if gpu_index() < 0:  # the control worker
+        heartbeat.start(hostname, None)
+        return
+    identity = runtime.WorkerIdentity.from_env(hostname)
+    probe = telemetry.make_probe(identity.gpu_index, identity.simulated, identity.memory_total_mib)
+    heartbeat.start(hostname, identity.gpu_index, probe)

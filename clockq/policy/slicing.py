@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -47,16 +48,56 @@ class Decision:
     reason: str
 
 
-def plan_slice_ms(base_ms: int, min_ms: int, avg_util: float | None = None) -> int:
-    """The specification's rule: efficient jobs get longer slices, never below `min_ms`.
+class PlanReason(StrEnum):
+    FORMULA = "formula"  # the specification's utilisation rule (or the base, with no history)
+    FLOOR = "floor"  # raised to the tier's minimum slice
+    OVERHEAD = "overhead"  # stretched so switching stays within the overhead budget
 
-    efficiency = 0.8 + 0.4 * min(avg_util / 0.9, 1.0); a job with no history gets `base_ms`.
+
+@dataclass(frozen=True)
+class SlicePlan:
+    ms: int
+    reason: PlanReason
+
+
+def plan_slice(
+    base_ms: int,
+    min_ms: int,
+    avg_util: float | None = None,
+    switch_cost_ms: float | None = None,
+    overhead_budget: float = 0.05,
+    max_ms: int = 5_000,
+) -> SlicePlan:
+    """How long the next slice may run.
+
+    The specification's rule: efficiency = 0.8 + 0.4 * min(avg_util / 0.9, 1.0), and
+    slice = max(base * efficiency, min_ms); a job with no history gets `base_ms`. Then, so that
+    switching never eats more than `overhead_budget` of the GPU, a slice is never shorter than
+    switch_cost / overhead_budget (a job with a heavy checkpoint gets longer slices), up to
+    `max_ms`.
     """
     if avg_util is None:
-        return max(base_ms, min_ms)
-    util = min(max(avg_util, 0.0), 1.0)
-    efficiency = 0.8 + 0.4 * min(util / 0.9, 1.0)
-    return max(round(base_ms * efficiency), min_ms)
+        ms, reason = base_ms, PlanReason.FORMULA
+    else:
+        util = min(max(avg_util, 0.0), 1.0)
+        ms, reason = round(base_ms * (0.8 + 0.4 * min(util / 0.9, 1.0))), PlanReason.FORMULA
+    if ms < min_ms:
+        ms, reason = min_ms, PlanReason.FLOOR
+    if switch_cost_ms and overhead_budget > 0:
+        needed = min(math.ceil(switch_cost_ms / overhead_budget), max_ms)
+        if needed > ms:
+            ms, reason = needed, PlanReason.OVERHEAD
+    return SlicePlan(ms, reason)
+
+
+def plan_slice_ms(base_ms: int, min_ms: int, avg_util: float | None = None) -> int:
+    """The specification's rule alone, without the overhead floor."""
+    return plan_slice(base_ms, min_ms, avg_util).ms
+
+
+def ewma(previous: float | None, sample: float, alpha: float = 0.3) -> float:
+    """Exponentially weighted moving average; the first sample starts it."""
+    return sample if previous is None else (1 - alpha) * previous + alpha * sample
 
 
 def waiting_ahead(job_rank: int, waiting_by_rank: Sequence[int]) -> int:

@@ -6,6 +6,8 @@ from clockq.policy.slicing import (
     Boundary,
     BoundaryAction,
     decide_at_boundary,
+    ewma,
+    plan_slice,
     plan_slice_ms,
     waiting_ahead,
 )
@@ -63,3 +65,30 @@ def test_waiting_ahead_counts_same_and_higher_tiers(rank, waiting, ahead):
 )
 def test_decide_at_boundary(boundary, action):
     assert decide_at_boundary(boundary).action == action
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "ms", "reason"),
+    [
+        ({}, 50, "formula"),  # no history
+        ({"avg_util": 0.0}, 40, "formula"),
+        ({"avg_util": 0.45}, 50, "formula"),
+        ({"avg_util": 0.9}, 60, "formula"),
+        ({"avg_util": 1.0}, 60, "formula"),
+        ({"base_ms": 20, "avg_util": 0.0}, 20, "floor"),  # 16 ms by the formula
+        ({"switch_cost_ms": 2.0}, 50, "formula"),  # 2 ms / 5% = 40 ms: the formula already covers it
+        ({"switch_cost_ms": 6.0}, 120, "overhead"),  # 6 ms / 5% = 120 ms
+        ({"switch_cost_ms": 6.0, "overhead_budget": 0.1}, 60, "overhead"),
+        ({"switch_cost_ms": 1000.0}, 5000, "overhead"),  # capped at max_ms
+        ({"switch_cost_ms": 6.0, "overhead_budget": 0.0}, 50, "formula"),  # budget 0 turns the rule off
+    ],
+)
+def test_plan_slice_table(kwargs, ms, reason):
+    args = {"base_ms": 50, "min_ms": 20, **kwargs}
+    plan = plan_slice(**args)
+    assert (plan.ms, plan.reason) == (ms, reason)
+
+
+def test_ewma_starts_at_the_first_sample_and_moves_towards_new_ones():
+    assert ewma(None, 0.5) == 0.5
+    assert ewma(0.5, 1.0) == pytest.approx(0.65)

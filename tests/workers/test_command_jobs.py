@@ -17,7 +17,9 @@ SCRIPT = str(ROOT / "tests/workloads/fixtures/count_script.py")
 
 
 def test_a_command_job_checkpoints_on_sigusr1_and_resumes_when_it_shares_a_gpu(start_workers, carol):
-    start_workers(gpus=1)
+    # The overhead rule would stretch the script's slices (a process restart is a costly
+    # switch); turn it off here so that it is preempted many times.
+    start_workers(gpus=1, CLOCKQ_OVERHEAD_BUDGET="0")
     script = submit(
         carol, "SP", "script", workload="command", argv=[sys.executable, SCRIPT, "150", "--sleep-ms", "4"], step_ms=10
     )

@@ -11,6 +11,7 @@ import pytest
 
 from tests.harness import wait_for
 from workers import broker
+from workers.gpus import Gpu
 from workers.launch import gpu_worker_argv, gpu_worker_env
 
 pytestmark = pytest.mark.integration
@@ -26,7 +27,9 @@ def test_one_pinned_worker_per_gpu_consuming_the_tiers_in_order():
     assert argv[argv.index("--hostname") + 1] == "gpu3@node7"
     assert argv[argv.index("--queues") + 1] == "rt,hp,sp,bp,bk"
     assert argv[argv.index("--concurrency") + 1] == "1"
-    assert gpu_worker_env(3) == {"CUDA_VISIBLE_DEVICES": "3", "CLOCKQ_GPU_INDEX": "3"}
+    env = gpu_worker_env(Gpu(3, "simulated GPU", 81920, True))
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CLOCKQ_GPU_INDEX"] == "3"
+    assert env["CLOCKQ_GPU_MEMORY_MIB"] == "81920" and env["CLOCKQ_GPU_SIMULATED"] == "1"
 
 
 def test_a_worker_killed_with_sigkill_is_restarted(start_workers):

@@ -16,9 +16,13 @@ from workers.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.integration
 
+# These tests are about the slicing mechanism at the tier's base slice; the overhead rule
+# (tested in test_dynamic_slices.py) would stretch slices once a job has switched.
+FIXED_SLICES = {"CLOCKQ_OVERHEAD_BUDGET": "0"}
+
 
 def test_jobs_from_the_form_and_the_api_finish_in_slices_with_verified_checkpoints(start_workers, client, alice):
-    start_workers(gpus=1)
+    start_workers(gpus=1, **FIXED_SLICES)
     client.force_login(alice)
     params = {"steps": 40, "step_ms": 10, "state_kb": 32}
     form = {"name": "from-form", "tier": "SP", "workload": "synthetic", "params": json.dumps(params)}
@@ -49,7 +53,7 @@ def test_jobs_from_the_form_and_the_api_finish_in_slices_with_verified_checkpoin
 
 
 def test_two_jobs_sharing_a_gpu_interleave_slice_by_slice(start_workers, alice):
-    start_workers(gpus=1)
+    start_workers(gpus=1, **FIXED_SLICES)
     a = submit(alice, "SP", "a", steps=30, step_ms=10, state_kb=4)
     b = submit(alice, "SP", "b", steps=30, step_ms=10, state_kb=4)
     a, b = wait_finished(a, b)

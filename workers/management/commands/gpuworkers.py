@@ -27,11 +27,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, loglevel, stop_grace, **options):
-        gpus = discover(settings.CLOCKQ_GPUS)
+        gpus = discover(settings.CLOCKQ_GPUS, settings.CLOCKQ_SIM_GPU_MEMORY_MIB)
         for gpu in gpus:
             kind = "simulated" if gpu.simulated else "NVML"
             self.stdout.write(f"GPU {gpu.index}: {gpu.name} ({gpu.memory_total_mib} MiB, {kind})")
         children = [
-            Child(f"gpu{g.index}", gpu_worker_argv(g.index, loglevel=loglevel), gpu_worker_env(g.index)) for g in gpus
+            Child(f"gpu{g.index}", gpu_worker_argv(g.index, loglevel=loglevel), gpu_worker_env(g)) for g in gpus
         ]
         raise SystemExit(Supervisor(children, stop_grace_s=stop_grace).run_forever())

@@ -1,0 +1,114 @@
+"""What a GPU worker process keeps between tasks: its identity, its GPU probe and sampler,
+the warm-resume cache, the lease keeper and the interrupt flags. Built once per process."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from django.conf import settings
+
+from webapp.models import QueueTier
+from workers import broker, shutdown, signals, telemetry
+from workers.checkpoints import CheckpointStore
+from workers.lease import LeaseKeeper
+from workers.warm_cache import WarmCache
+from workers.workloads.base import Workload
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    hostname: str  # gpu<N>@<host>
+    gpu_index: int
+    simulated: bool = True
+    memory_total_mib: int | None = None
+
+    @classmethod
+    def from_env(cls, hostname: str) -> WorkerIdentity:
+        memory = os.environ.get("CLOCKQ_GPU_MEMORY_MIB")
+        return cls(
+            hostname=hostname,
+            gpu_index=int(os.environ.get("CLOCKQ_GPU_INDEX", "-1")),
+            simulated=os.environ.get("CLOCKQ_GPU_SIMULATED", "1") == "1",
+            memory_total_mib=int(memory) if memory else None,
+        )
+
+
+@dataclass(frozen=True)
+class TierInfo:
+    id: int
+    rank: int
+    queue_name: str
+    base_slice_ms: int
+    min_slice_ms: int
+
+
+@dataclass
+class TierCache:
+    """Tier rows change rarely (an admin edit); re-read them at most every few seconds."""
+
+    ttl_s: float = 5.0
+    _rows: dict[int, TierInfo] = field(default_factory=dict)
+    _loaded_at: float = -1e9
+
+    def get(self, tier_id: int) -> TierInfo:
+        if time.monotonic() - self._loaded_at > self.ttl_s or tier_id not in self._rows:
+            self._rows = {
+                t.id: TierInfo(t.id, t.rank, t.queue_name, t.base_slice_ms, t.min_slice_ms)
+                for t in QueueTier.objects.all()
+            }
+            self._loaded_at = time.monotonic()
+        return self._rows[tier_id]
+
+
+class Runtime:
+    def __init__(self, identity: WorkerIdentity):
+        self.identity = identity
+        self.store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
+        self.tiers = TierCache()
+        self.warm = WarmCache(settings.CLOCKQ_WARM_CACHE_MB * 2**20, settings.CLOCKQ_WARM_CACHE_JOBS)
+
+    @cached_property
+    def probe(self):
+        return telemetry.make_probe(self.identity.gpu_index, self.identity.simulated, self.identity.memory_total_mib)
+
+    @cached_property
+    def sampler(self) -> telemetry.SliceSampler:
+        return telemetry.SliceSampler(self.probe, interval_s=settings.CLOCKQ_SAMPLE_EVERY_S)
+
+    @cached_property
+    def publisher(self) -> telemetry.Publisher:
+        return telemetry.Publisher(broker.client())
+
+    @cached_property
+    def leases(self) -> LeaseKeeper:
+        return LeaseKeeper()
+
+    @cached_property
+    def interrupts(self) -> signals.Interrupts:
+        return signals.interrupts()
+
+    def probe_load(self, workload: Workload | None) -> None:
+        """Tell a simulated GPU what the running workload declares (real GPUs measure it)."""
+        if isinstance(self.probe, telemetry.SimulatedProbe):
+            self.probe.set_load(workload.declared_gpu_util() if workload is not None else None)
+
+    @staticmethod
+    def shutting_down() -> bool:
+        return shutdown.requested.is_set()
+
+
+_runtime: Runtime | None = None
+_lock = threading.Lock()
+
+
+def for_worker(hostname: str) -> Runtime:
+    """This process's runtime, built on first use (in the pool child, after the fork)."""
+    global _runtime
+    with _lock:
+        if _runtime is None or _runtime.identity.hostname != hostname:
+            _runtime = Runtime(WorkerIdentity.from_env(hostname))
+        return _runtime

@@ -1,0 +1,125 @@
+"""Cheap interrupts for a running slice, delivered through Redis pub/sub.
+
+Checking the broker at every step would cost a round trip per step. Instead each worker
+process keeps one subscriber thread that turns messages into in-memory flags, and the slice
+loop checks the flags at every step (a few hundred nanoseconds):
+
+- `rt`: an RT job was dispatched. A running job of a lower tier ends its slice at the next
+  step instead of at the slice's end, so RT start latency is bounded by one step.
+- `job <id>`: an operator changed a job (cancel, hold, requeue). The worker running it ends its
+  slice at the next step and reads the job row.
+
+Pub/sub is fire-and-forget: a lost message only means the ordinary slice boundary notices the
+same thing a little later. Correctness never depends on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import redis
+
+log = logging.getLogger("clockq.signals")
+
+CHANNEL = "clockq:signals"
+
+
+def announce_rt_waiting(client: redis.Redis) -> None:
+    _publish(client, {"kind": "rt"})
+
+
+def announce_job_changed(client: redis.Redis, job_id: int) -> None:
+    _publish(client, {"kind": "job", "job": int(job_id)})
+
+
+def _publish(client: redis.Redis, message: dict) -> None:
+    try:
+        client.publish(CHANNEL, json.dumps(message))
+    except redis.RedisError as exc:
+        log.warning("could not publish %s: %s", message, exc)
+
+
+class Interrupts:
+    """Flags set by the subscriber thread, read by the slice loop."""
+
+    def __init__(self) -> None:
+        self.rt_waiting = threading.Event()
+        self._poked: set[int] = set()
+        self._lock = threading.Lock()
+
+    def poke(self, job_id: int) -> None:
+        with self._lock:
+            self._poked.add(job_id)
+
+    def should_end_slice(self, job_id: int, rank: int) -> bool:
+        """True when the running slice should end at this step. Called at every step."""
+        return (rank > 0 and self.rt_waiting.is_set()) or (bool(self._poked) and job_id in self._poked)
+
+    def clear(self, job_id: int) -> None:
+        """Called at a slice boundary, once the worker has read the truth from the database."""
+        self.rt_waiting.clear()
+        with self._lock:
+            self._poked.discard(job_id)
+
+    def handle(self, raw: bytes | str) -> None:
+        try:
+            message = json.loads(raw)
+            if message.get("kind") == "rt":
+                self.rt_waiting.set()
+            elif message.get("kind") == "job":
+                self.poke(int(message["job"]))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            log.warning("ignoring malformed signal %r", raw[:200] if isinstance(raw, bytes | str) else raw)
+
+
+class Listener:
+    """One daemon thread per process, subscribed to CHANNEL, reconnecting on failure."""
+
+    def __init__(self, client_factory, interrupts: Interrupts):
+        self.client_factory = client_factory
+        self.interrupts = interrupts
+        self.subscribed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="clockq-signals", daemon=True)
+
+    def start(self) -> Listener:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            try:
+                pubsub = self.client_factory().pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(CHANNEL)
+                self.subscribed.set()
+                for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        self.interrupts.handle(message["data"])
+            except Exception as exc:  # keep listening whatever happens; signals are best effort
+                self.subscribed.clear()
+                log.warning("signal listener lost its connection (%s); reconnecting", exc)
+                time.sleep(1.0)
+
+
+_interrupts: Interrupts | None = None
+_lock = threading.Lock()
+
+
+def interrupts() -> Interrupts:
+    """This process's flags, with the listener started on first use."""
+    global _interrupts
+    with _lock:
+        if _interrupts is None:
+            flags = Interrupts()
+            Listener(_new_pubsub_client, flags).start()
+            _interrupts = flags
+        return _interrupts
+
+
+def _new_pubsub_client() -> redis.Redis:
+    # A dedicated connection without a socket timeout: listen() blocks between messages.
+    from django.conf import settings
+
+    return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, health_check_interval=30)

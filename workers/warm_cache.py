@@ -1,0 +1,66 @@
+"""Warm resume: keep the live workloads this worker last yielded, within a memory bound.
+
+When the same job comes back to the same worker at the same checkpoint generation, its
+workload object is still here, so the worker skips reading, verifying and loading the
+checkpoint (and, for Keras, rebuilding the model). The durable checkpoint is still written at
+every yield, because any worker may take the job next.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from workers.workloads.base import Workload
+
+log = logging.getLogger("clockq.warm")
+
+
+@dataclass
+class _Entry:
+    generation: int
+    workload: Workload
+    nbytes: int
+
+
+class WarmCache:
+    def __init__(self, max_bytes: int, max_jobs: int):
+        self.max_bytes = max_bytes
+        self.max_jobs = max_jobs
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+
+    def put(self, job_id: int, generation: int, workload: Workload, nbytes: int) -> None:
+        self.drop(job_id)
+        if self.max_jobs <= 0 or nbytes > self.max_bytes:
+            _close(workload)
+            return
+        self._entries[job_id] = _Entry(generation, workload, nbytes)
+        while len(self._entries) > self.max_jobs or sum(e.nbytes for e in self._entries.values()) > self.max_bytes:
+            _job, oldest = self._entries.popitem(last=False)
+            _close(oldest.workload)
+
+    def take(self, job_id: int, generation: int) -> Workload | None:
+        """The cached workload if it is exactly at `generation`; a stale entry is dropped."""
+        entry = self._entries.pop(job_id, None)
+        if entry is None:
+            return None
+        if entry.generation != generation:
+            _close(entry.workload)
+            return None
+        return entry.workload
+
+    def drop(self, job_id: int) -> None:
+        entry = self._entries.pop(job_id, None)
+        if entry is not None:
+            _close(entry.workload)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _close(workload: Workload) -> None:
+    try:
+        workload.close()
+    except Exception:
+        log.exception("closing an evicted workload failed")
