@@ -323,13 +323,15 @@ class JobRun:
         checkpointed = bool(every) and time.monotonic() - self.last_checkpoint_at >= every
         if checkpointed:
             self._checkpoint(workload, record)
+        now = timezone.now()
         with transaction.atomic():
             updated = Job.objects.filter(pk=self.job_id, state=RUNNING, dispatch_token=self.token).update(
-                **self._progress_fields(record), lease_expires_at=lease_until(), slice_started_at=timezone.now()
+                **self._progress_fields(record), lease_expires_at=lease_until(), slice_started_at=now
             )
             if updated != 1:
                 raise LostOwnership("job changed under this worker")
-            self._save_slice(record, SliceOutcome.CONTINUED)
+            # The next slice starts where this one ends, so a slice lost later never overlaps it.
+            self._save_slice(record, SliceOutcome.CONTINUED, ended_at=now)
         if checkpointed:
             self.saved_generation, self.saved_progress = self.generation, self.progress
 
@@ -363,13 +365,13 @@ class JobRun:
                 raise LostOwnership("job changed under this worker")
             self._save_slice(record, outcome)
 
-    def _save_slice(self, record: SliceRecord, outcome: SliceOutcome) -> None:
+    def _save_slice(self, record: SliceRecord, outcome: SliceOutcome, ended_at: datetime | None = None) -> None:
         Slice.objects.create(
             job_id=self.job_id,
             worker=self.rt.identity.hostname,
             gpu_index=self.rt.identity.gpu_index,
             started_at=record.started_at,
-            ended_at=timezone.now(),
+            ended_at=ended_at or timezone.now(),
             planned_ms=record.plan.ms,
             plan_reason=record.plan.reason,
             used_ms=int(record.used_ms),

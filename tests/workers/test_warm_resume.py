@@ -1,0 +1,70 @@
+"""Warm resume: a job that comes back to the worker that yielded it skips the checkpoint load,
+while the durable checkpoint is still written for any other worker."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+
+from tests.helpers import submit
+from webapp.models import Job
+from workers.checkpoints import CheckpointStore
+from workers.runtime import Runtime, WorkerIdentity
+from workers.slice_runner import run_dispatch
+from workers.warm_cache import WarmCache
+from workers.workloads.synthetic import SyntheticWorkload
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _yield_once(job, runtime) -> Job:
+    """Run one dispatch of `job` while another SP job waits, so it yields after one slice."""
+    assert run_dispatch(job.pk, job.dispatch_token, runtime) == "queued"
+    return Job.objects.get(pk=job.pk)
+
+
+def test_the_same_worker_resumes_warm_and_another_worker_from_the_file(alice):
+    job = submit(alice, "SP", "warm", steps=400, step_ms=1, state_kb=64)
+    submit(alice, "SP", "rival", steps=1)  # waits, so `job` yields at its first boundary
+    here = Runtime(WorkerIdentity("gpu0@test", 0))
+    job = _yield_once(job, here)
+    assert job.checkpoint_generation == 1
+    store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
+    assert store.read(job.pk, 1)  # the durable checkpoint was written anyway
+
+    # Damage the file: a warm resume does not read it, so it does not notice.
+    path = store.path(job.pk, 1)
+    path.write_bytes(path.read_bytes()[:-10])
+    job = _yield_once(job, here)
+    assert job.checkpoint_generation == 2
+    assert not job.events.filter(reason__contains="unusable").exists()
+
+    # Another worker has no warm copy: it reads generation 2 from disk.
+    elsewhere = Runtime(WorkerIdentity("gpu1@test", 1))
+    path = store.path(job.pk, 2)
+    path.write_bytes(path.read_bytes()[:-10])
+    job = _yield_once(job, elsewhere)
+    assert job.events.filter(reason__contains="generation 2 unusable").exists()
+
+
+def _workload(tmp_path, job_id=1):
+    from workers.workloads.base import RunContext
+
+    w = SyntheticWorkload({"steps": 10, "step_ms": 0, "state_kb": 1, "gpu_util": 0.5, "fail_at_step": -1,
+                           "fail_times": 0})  # fmt: skip
+    w.setup(RunContext(job_id, 0, tmp_path))
+    return w
+
+
+def test_the_cache_respects_its_bounds_and_generations(tmp_path):
+    cache = WarmCache(max_bytes=3000, max_jobs=2)
+    a, b, c = (_workload(tmp_path, i) for i in (1, 2, 3))
+    cache.put(1, 5, a, 1000)
+    cache.put(2, 5, b, 1000)
+    cache.put(3, 5, c, 1000)  # over max_jobs: the oldest (job 1) goes
+    assert cache.take(1, 5) is None
+    assert cache.take(2, 4) is None  # a different generation is stale, and is dropped
+    assert cache.take(2, 5) is None
+    assert cache.take(3, 5) is c
+    cache.put(4, 1, _workload(tmp_path, 4), 10_000)  # larger than the whole cache
+    assert len(cache) == 0
