@@ -3,13 +3,15 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# GPU hosts: make run REQUIREMENTS=requirements-gpu.txt (CUDA build of TensorFlow).
+REQUIREMENTS ?= requirements.txt
 
 .PHONY: run demo test test-all lint format bench clean
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): $(REQUIREMENTS) requirements-base.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet -r $(REQUIREMENTS) -r requirements-dev.txt
 	touch $(STAMP)
 
 venv: $(STAMP)

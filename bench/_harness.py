@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -226,3 +227,72 @@ def percentile(sorted_data: Sequence[float], q: float) -> float:
     pos = (len(sorted_data) - 1) * q / 100.0
     lo, hi = math.floor(pos), math.ceil(pos)
     return sorted_data[lo] + (sorted_data[hi] - sorted_data[lo]) * (pos - lo)
+
+
+# --- a private clockq: environment, Django, GPU workers --------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def clockq_env(work: Path, redis_url: str, **settings: str) -> dict[str, str]:
+    """The environment of a private clockq living in `work` (SQLite file, checkpoint and var
+    directories) on `redis_url`, with `settings` (CLOCKQ_GPUS=..., ...) on top. It is also
+    applied to this process, so call it before setup_django(); the database is migrated."""
+    (work / "checkpoints").mkdir(exist_ok=True)
+    (work / "var").mkdir(exist_ok=True)
+    values = {
+        "REDIS_URL": redis_url,
+        "DATABASE_URL": f"sqlite:///{work / 'bench.sqlite3'}",
+        "CLOCKQ_CHECKPOINT_DIR": str(work / "checkpoints"),
+        "CLOCKQ_VAR_DIR": str(work / "var"),
+        "DJANGO_SETTINGS_MODULE": "clockq.settings",
+        **settings,
+    }
+    os.environ.update(values)
+    env = dict(os.environ)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+        stdout=subprocess.DEVNULL,
+    )
+    return env
+
+
+def setup_django() -> None:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+def start_gpu_worker(index: int, count: int, env: dict[str, str], work: Path, timeout: float = 90) -> Service:
+    """GPU worker `index` of `count` simulated GPUs, started the way `gpuworkers` starts it
+    (workers.launch), as a Service in its own process group; returns once its heartbeat key is
+    in Redis. Needs setup_django() first. The caller stops it (Service.stop)."""
+    from workers.gpus import simulated_gpus
+    from workers.heartbeat import KEY_PREFIX
+    from workers.launch import gpu_worker_argv, gpu_worker_env
+
+    gpu = simulated_gpus(count)[index]
+    argv = gpu_worker_argv(gpu.index)
+    hostname = argv[argv.index("--hostname") + 1]
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    client.delete(KEY_PREFIX + hostname)  # a key left by an earlier worker of that name would look ready
+    worker = Service(
+        f"GPU worker {index}", argv, {**env, **gpu_worker_env(gpu)}, ROOT, work / f"gpu{index}-worker.log"
+    ).start()
+
+    def ready() -> bool:
+        worker.check_alive()
+        return bool(client.exists(KEY_PREFIX + hostname))
+
+    try:
+        wait_for(ready, timeout, f"GPU worker {index} to be ready", interval=0.1)
+    except BaseException:
+        worker.stop()
+        raise
+    return worker

@@ -162,6 +162,8 @@ def prepare_env(work: Path, redis_url: str) -> dict[str, str]:
         "CLOCKQ_CHECKPOINT_DIR": str(work / "checkpoints"),
         "CLOCKQ_VAR_DIR": str(work / "var"),
         "CLOCKQ_GPUS": "sim:1",
+        # Every boundary must be a switch at the slice length asked for: no overhead stretching.
+        "CLOCKQ_OVERHEAD_BUDGET": "0",
         "DJANGO_SETTINGS_MODULE": "clockq.settings",
     }
     os.environ.update(bench)
@@ -325,12 +327,13 @@ def run_clockq(
     from django.contrib.auth import get_user_model
 
     from webapp.models import QueueTier
+    from workers.gpus import simulated_gpus
     from workers.launch import gpu_worker_env
 
     QueueTier.objects.filter(code="SP").update(base_slice_ms=args.slice_ms, min_slice_ms=args.slice_ms)
     owner = get_user_model().objects.create_user("switch-bench")
     client = redis.Redis.from_url(env["REDIS_URL"])
-    worker_env = {**env, **gpu_worker_env(0)}
+    worker_env = {**env, **gpu_worker_env(simulated_gpus(1)[0])}
 
     def start(app_module: str, hostname: str, log_name: str) -> Service:
         return start_worker(
