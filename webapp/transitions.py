@@ -63,7 +63,9 @@ def transition(
         fields.setdefault("dispatched_at", now)
         fields.setdefault("worker", "")
 
-    with transaction.atomic():
+    # No savepoint when nested in the caller's transaction (the slice runner records the slice in
+    # the same one): a failed transition changes nothing, so there is nothing to roll back to.
+    with transaction.atomic(savepoint=False):
         if len(expect) == 1 and token is not None:
             # The caller knows the state and token: one conditional UPDATE is the whole check.
             (state,) = expect

@@ -1,23 +1,25 @@
 """Atomic, verified checkpoints on disk, two generations deep.
 
 A file is `MAGIC`, one JSON header line, then the payload. The header carries the payload's
-length and SHA-256, so a torn or corrupted file is detected on restore and the previous
-generation is used instead. Writes go to a temporary file that is fsynced, then renamed.
+length and CRC-32, so a torn or corrupted file is detected on restore and the previous
+generation is used instead. (CRC-32 detects accidental damage, which is all it guards against
+here, at a third of SHA-256's cost: 0.15 ms against 0.5 ms per MB on this machine.)
+Writes go to a temporary file that is fsynced, then renamed.
 With many GPU hosts, CLOCKQ_CHECKPOINT_DIR must be shared storage.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from dataclasses import dataclass
+import zlib
 from pathlib import Path
 
 log = logging.getLogger("clockq.checkpoints")
 
-MAGIC = b"CLOCKQ-CKPT-1\n"
+MAGIC = b"CLOCKQ-CKPT-2\n"
 KEEP_GENERATIONS = 2
 
 
@@ -57,7 +59,7 @@ class CheckpointStore:
                 "job": int(job_id),
                 "generation": generation,
                 "length": len(state),
-                "sha256": hashlib.sha256(state).hexdigest(),
+                "crc32": zlib.crc32(state),
             }
         ).encode()
         final = self.path(job_id, generation)
@@ -92,7 +94,7 @@ class CheckpointStore:
             raise CheckpointError(f"{path.name} belongs to job {header.get('job')} gen {header.get('generation')}")
         if len(payload) != header.get("length"):
             raise CheckpointError(f"{path.name} is truncated: {len(payload)} of {header.get('length')} bytes")
-        if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+        if zlib.crc32(payload) != header.get("crc32"):
             raise CheckpointError(f"{path.name} fails its checksum")
         return payload
 
