@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("clockq.checkpoints")
