@@ -376,9 +376,9 @@ def run_clockq_pair(
     # Enough steps for each job to give (switches + warmup) / 2 slices and a few more.
     slices_per_job = math.ceil((args.switches + args.warmup) / 2) + 3
     steps = math.ceil(slices_per_job * args.slice_ms / args.step_ms)
-    params = registry.validate(
-        "synthetic", {"steps": steps, "step_ms": args.step_ms, "state_kb": state_kb}, is_staff=False
-    )
+    # gpu_util 0.45 makes the slice formula give exactly the base slice (0.9 would give 1.2x).
+    spec = {"steps": steps, "step_ms": args.step_ms, "state_kb": state_kb, "gpu_util": 0.45}
+    params = registry.validate("synthetic", spec, is_staff=False)
     jobs = [
         submit_job(owner=owner, name=f"switch-{state_kb}kb-{x}", tier_code="SP", workload="synthetic", params=params)
         for x in "ab"

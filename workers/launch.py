@@ -9,31 +9,21 @@ from clockq.policy.tiers import QUEUES_IN_ORDER
 from workers.gpus import Gpu
 
 
-def gpu_worker_argv(gpu_index: int, host: str | None = None, loglevel: str = "INFO") -> list[str]:
-    """One GPU worker: concurrency 1, consuming the five tier queues in strict order."""
+def _worker_argv(name: str, host: str | None, queues: str, pool: str, loglevel: str) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "clockq",
-        "worker",
-        "--hostname",
-        f"gpu{gpu_index}@{host or socket.gethostname()}",
-        "--queues",
-        ",".join(QUEUES_IN_ORDER),
-        "--concurrency",
-        "1",
-        "--pool",
-        "prefork",
-        "--loglevel",
-        loglevel,
-        "--task-events",  # for Flower
+        *(sys.executable, "-m", "celery", "-A", "clockq", "worker"),
+        *("--hostname", f"{name}@{host or socket.gethostname()}"),
+        *("--queues", queues, "--concurrency", "1", "--pool", pool, "--loglevel", loglevel),
         # Mingle and gossip sync state between workers at start; clockq keeps state in the
         # database, and skipping them saves seconds on every (re)start.
-        "--without-mingle",
-        "--without-gossip",
+        *("--without-mingle", "--without-gossip"),
     ]
+
+
+def gpu_worker_argv(gpu_index: int, host: str | None = None, loglevel: str = "INFO") -> list[str]:
+    """One GPU worker: concurrency 1, consuming the five tier queues in strict order. Prefork,
+    so the parent keeps heartbeating while a long slice runs; task events for Flower."""
+    return [*_worker_argv(f"gpu{gpu_index}", host, ",".join(QUEUES_IN_ORDER), "prefork", loglevel), "--task-events"]
 
 
 def gpu_worker_env(gpu: Gpu) -> dict[str, str]:
@@ -47,24 +37,5 @@ def gpu_worker_env(gpu: Gpu) -> dict[str, str]:
 
 
 def control_worker_argv(host: str | None = None, loglevel: str = "INFO") -> list[str]:
-    """The worker for beat's maintenance tasks (reconciler, promotion, ...)."""
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "clockq",
-        "worker",
-        "--hostname",
-        f"control@{host or socket.gethostname()}",
-        "--queues",
-        "control",
-        "--concurrency",
-        "1",
-        "--pool",
-        "solo",
-        "--loglevel",
-        loglevel,
-        "--without-mingle",
-        "--without-gossip",
-    ]
+    """The worker for beat's maintenance tasks (reconciler, lease reaper, ...)."""
+    return _worker_argv("control", host, "control", "solo", loglevel)

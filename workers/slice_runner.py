@@ -61,6 +61,8 @@ class SliceRecord:
     checkpoint_bytes: int = 0
     checkpoint_ms: float = 0.0
     gpu_util: float | None = None
+    cut_short: bool = False  # ended at a step by an interrupt, before its time was up
+    compute_end: float = 0.0  # perf_counter when its last step ended
 
 
 class LostOwnership(Exception):
@@ -171,6 +173,7 @@ class JobRun:
             workload = self._restore()
             record.restore_ms = self.restore_ms = (time.perf_counter() - t0) * 1000
             self.rt.probe_load(workload)
+            self.rt.note_switch_in(time.perf_counter(), self.restore_ms)
             while True:
                 done = self._run_slice(workload, record)
                 outcome = self._at_boundary(workload, record, done)
@@ -244,11 +247,15 @@ class JobRun:
                     if self.progress >= 1.0:
                         done = True
                         break
+                    if time.perf_counter() - start >= budget_s:
+                        break
                     # An RT job waiting, or an operator's change, ends the slice at this step.
-                    if time.perf_counter() - start >= budget_s or interrupts.should_end_slice(self.job_id, rank):
+                    if interrupts.should_end_slice(self.job_id, rank):
+                        record.cut_short = True
                         break
         finally:
-            record.used_ms = (time.perf_counter() - start) * 1000
+            record.compute_end = time.perf_counter()
+            record.used_ms = (record.compute_end - start) * 1000
             stats = self.rt.sampler.stop()
             record.gpu_util = stats.mean_gpu_util
             if record.gpu_util is not None:
@@ -273,6 +280,7 @@ class JobRun:
                 pending_action=row["pending_action"],
                 past_deadline=bool(self.job["deadline"] and timezone.now() >= self.job["deadline"]),
                 shutting_down=self.rt.shutting_down(),
+                cut_short=record.cut_short,
             )
         )
         action = decision.action
@@ -289,14 +297,17 @@ class JobRun:
             BoundaryAction.HOLD: JobState.HELD,
             BoundaryAction.TIME_OUT: JobState.TIMED_OUT,
         }[action]
-        # This job's own switch cost, so the planner keeps its switching within the overhead
-        # budget: checkpoint, requeue (a transition like the claim, so the claim's time stands
-        # in for it), claim and restore.
-        cost = record.checkpoint_ms + 2 * self.claim_ms + self.restore_ms
+        # This job's switch cost, so the planner keeps its switching within the overhead budget:
+        # its own checkpoint and restore, plus this worker's measured requeue-hop-claim overhead
+        # (until measured, twice the claim: the requeue is a transition like it).
+        overhead = self.rt.switch_overhead_ms
+        cost = record.checkpoint_ms + self.restore_ms + (2 * self.claim_ms if overhead is None else overhead)
         extra: dict[str, Any] = {"switch_cost_ms": ewma(self.switch_cost_ms, cost)}
         if target == JobState.TIMED_OUT:
             extra["finished_at"] = timezone.now()
         self._end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
+        if target == JobState.QUEUED:
+            self.rt.last_yield = (record.compute_end, record.checkpoint_ms)
         return target
 
     def _waiting_by_rank(self, rank: int) -> list[int]:

@@ -40,6 +40,8 @@ class Boundary:
     pending_action: str = PENDING_NONE
     past_deadline: bool = False
     shutting_down: bool = False
+    # The slice ended early because an RT job was announced, not because its time was up.
+    cut_short: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,12 @@ def decide_at_boundary(b: Boundary) -> Decision:
         return Decision(BoundaryAction.YIELD, "requeued by an operator")
     if b.shutting_down:
         return Decision(BoundaryAction.YIELD, "worker shutting down")
+    if b.cut_short:
+        # Only an RT job may take the GPU before the slice's time is up. If another GPU already
+        # took it, the slice goes on: taking turns with the same tier waits for the slice end.
+        if b.job_rank > 0 and b.waiting_by_rank and b.waiting_by_rank[0]:
+            return Decision(BoundaryAction.YIELD, "preempted by a waiting RT job")
+        return Decision(BoundaryAction.CONTINUE, "RT job already taken elsewhere")
     ahead = waiting_ahead(b.job_rank, b.waiting_by_rank)
     if ahead:
         return Decision(BoundaryAction.YIELD, f"{ahead} job(s) waiting at the same or a higher tier")

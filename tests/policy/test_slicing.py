@@ -92,3 +92,18 @@ def test_plan_slice_table(kwargs, ms, reason):
 def test_ewma_starts_at_the_first_sample_and_moves_towards_new_ones():
     assert ewma(None, 0.5) == 0.5
     assert ewma(0.5, 1.0) == pytest.approx(0.65)
+
+
+@pytest.mark.parametrize(
+    ("rank", "waiting", "action"),
+    [
+        (2, [1, 0, 3, 0, 0], BoundaryAction.YIELD),  # RT waits: make way now
+        (2, [0, 0, 3, 0, 0], BoundaryAction.CONTINUE),  # RT already taken; SP turns wait for the slice end
+        (0, [1, 0, 0, 0, 0], BoundaryAction.CONTINUE),  # an RT job is not preempted by another RT job
+    ],
+)
+def test_a_slice_cut_short_by_an_rt_signal_yields_only_to_rt(rank, waiting, action):
+    assert (
+        decide_at_boundary(Boundary(done=False, job_rank=rank, waiting_by_rank=waiting, cut_short=True)).action
+        == action
+    )

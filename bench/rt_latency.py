@@ -1,0 +1,510 @@
+"""RT submit-to-start latency with every GPU busy running a lower tier, against idle GPUs.
+
+Usage (from the repository root):
+
+    .venv/bin/python bench/rt_latency.py [--gpus 2] [--rt-jobs 100] [--busy-tier SP] [--busy-slice-ms 500]
+
+Everything runs privately and is stopped and deleted at the end: a redis-server on a free port,
+a fresh SQLite file, temporary checkpoint and var directories, and one GPU worker per simulated
+GPU (started as `gpuworkers` starts them). CLOCKQ_OVERHEAD_BUDGET is left at its default.
+
+1. Idle. `--rt-jobs` RT jobs (synthetic, 1 step of 1 ms) are submitted one at a time, each after
+   the previous one finished and a random gap of `--gap-ms`, onto idle GPUs.
+2. Busy. The busy tier's base and minimum slice are set to `--busy-slice-ms` (500 ms), so the
+   next ordinary slice end is on average 250 ms away, and one long synthetic job of that tier
+   (10 ms steps, `--busy-state-kb` of state, 1,000,000 steps) is started per GPU. Then the same
+   RT sequence: before each submission every busy job is running again (in the database), plus
+   the random gap (keep it above the busy jobs' restore time). The busy jobs are cancelled at the
+   end. An RT signal ends the running slice of every lower-tier job on every GPU, so the report
+   also counts what each GPU ran next after a busy slice yielded.
+
+Latency = Job.first_started_at - Job.submitted_at, both stamped with the same clock (the bench
+process stamps the submission, the worker the claim). The first `--warmup` submissions of each
+phase are dropped (first task in each pool child, first publish from this process).
+
+Afterwards the busy phase is checked from the Slice rows: how many submissions found every GPU
+inside a busy-tier slice, and how many RT jobs started on a GPU whose previous slice was a busy
+job's slice cut short (yielded) after the submission. For those, the latency splits into phases
+that add up to it, from this process's own subscription to the signal channel and from the
+JobEvent and Slice timestamps of the busy job P that made way:
+
+    signal     submit transaction, COMMIT, publish of the dispatch message and of the RT signal,
+               pub/sub delivery (to this process's subscriber; the worker's is in the next phase)
+    step end   the worker's listener thread sets the flag; the running step (one sleep of
+               --busy-step-ms) ends; the loop sees the flag  (P's compute end - signal). If the
+               signal came while P was still restoring (counted in the report), also the rest of
+               the restore and one step. The split between signal and step end rests on this
+               process's clock reading when its subscriber woke: under heavy load (large
+               checkpoints on 2 CPUs) it wakes late and step end can read negative
+    decide     boundary read of P's row, queue lengths (LLEN), DB confirm, CAS update (requeue)
+    checkpoint P.checkpoint_ms: serialise, checksum, write, fsync, rename, directory fsync
+    record     JobEvent and Slice inserts, up to P.ended_at
+    hop+claim  COMMIT, publish of P's requeue message, task return and ack, BRPOP of the RT
+               message, hand-off to the pool child, DB connection, claim read -> first_started_at
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import itertools
+import json
+import logging
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from _harness import (
+    RedisServer,
+    Service,
+    clockq_env,
+    filesystem_of,
+    percentile,
+    setup_django,
+    start_gpu_worker,
+    wait_for,
+)
+
+HALF_MS_TRUNCATION = 0.5  # Slice.used_ms is stored as int(ms)
+GOAL_MS = 50.0  # the specification's RT wait target
+PHASES = ("signal", "step end", "decide", "checkpoint", "record", "hop+claim")
+BUSY_STEPS = 1_000_000  # ~3 h at 10 ms: busy through any run; cancelled at the end
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpus", type=int, default=2, help="simulated GPUs (one worker each)")
+    p.add_argument("--rt-jobs", type=int, default=100, help="RT submissions measured per phase")
+    p.add_argument("--warmup", type=int, default=6, help="RT submissions dropped at the start of each phase")
+    p.add_argument("--busy-tier", default="SP", choices=("HP", "SP", "BP", "BK"), help="tier of the busy jobs")
+    p.add_argument("--busy-slice-ms", type=int, default=500, help="base and minimum slice of the busy tier")
+    p.add_argument("--busy-step-ms", type=float, default=10.0, help="step length of the busy jobs")
+    p.add_argument("--busy-state-kb", type=int, default=1024, help="checkpoint state of each busy job, in KiB")
+    p.add_argument(
+        "--busy-gpu-util", type=float, default=0.45, help="utilisation the busy jobs declare (0.45: slice = base)"
+    )
+    p.add_argument("--gap-ms", type=float, nargs=2, default=(10.0, 50.0), metavar=("MIN", "MAX"), help="random gap")
+    p.add_argument("--seed", type=int, default=1, help="seed of the random gaps")
+    p.add_argument("--tmp-dir", type=Path, default=None, help="where the temporary directory goes")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, database)")
+    args = p.parse_args(argv)
+    if (
+        args.gpus < 1
+        or args.rt_jobs < 10
+        or args.warmup < 0
+        or args.busy_slice_ms < 1
+        or args.busy_step_ms <= 0
+        or args.busy_state_kb < 0
+        or not 0 <= args.busy_gpu_util <= 1
+        or not 0 <= args.gap_ms[0] <= args.gap_ms[1]
+    ):
+        p.error("need --gpus >= 1, --rt-jobs >= 10, --warmup >= 0, positive slice and step, 0 <= MIN <= MAX gap")
+    return args
+
+
+class SignalLog:
+    """This process's own subscriber to clockq's signal channel: when each RT signal arrived."""
+
+    def __init__(self, redis_url: str):
+        from workers.signals import CHANNEL
+
+        self.pubsub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(CHANNEL)
+        self.pubsub.get_message(timeout=1)  # the subscribe confirmation
+        self.rt_at: list[float] = []  # wall-clock seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-signals", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(redis.RedisError):
+                message = self.pubsub.get_message(timeout=0.2)
+                if message and message.get("type") == "message":
+                    at = time.time()
+                    with contextlib.suppress(ValueError, TypeError):
+                        if json.loads(message["data"]).get("kind") == "rt":
+                            self.rt_at.append(at)
+
+    def first_after(self, t: float, before: float) -> float | None:
+        i = bisect.bisect_left(self.rt_at, t)
+        return self.rt_at[i] if i < len(self.rt_at) and self.rt_at[i] <= before else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        with contextlib.suppress(redis.RedisError):
+            self.pubsub.close()
+
+
+@dataclass
+class Phase:
+    label: str
+    ids: list[int] = field(default_factory=list)  # measured RT jobs, in submission order
+    latencies: list[float] = field(default_factory=list)  # ms
+    signal_ms: list[float] = field(default_factory=list)  # submit -> RT signal seen here
+    gpus: Counter = field(default_factory=Counter)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="clockq-rt-latency-", dir=args.tmp_dir))
+    services: list[Service] = []
+    signals: SignalLog | None = None
+    busy_ids: list[int] = []
+    started = time.monotonic()
+    try:
+        broker = RedisServer(work)
+        services.append(broker)
+        broker.start()
+        os.environ.pop("CLOCKQ_OVERHEAD_BUDGET", None)  # the default, whatever this shell has
+        env = clockq_env(work, broker.url, CLOCKQ_GPUS=f"sim:{args.gpus}")
+        setup_django()
+        logging.getLogger("clockq").setLevel(logging.WARNING)  # this process's submit and cancel logs
+        from django.contrib.auth import get_user_model
+        from django.utils import timezone
+
+        from webapp.models import QueueTier
+
+        QueueTier.objects.filter(code=args.busy_tier).update(
+            base_slice_ms=args.busy_slice_ms, min_slice_ms=args.busy_slice_ms
+        )
+        owner = get_user_model().objects.create_user("rt-latency-bench")
+        for index in range(args.gpus):
+            services.append(start_gpu_worker(index, args.gpus, env, work))
+        workers = services[1:]
+        signals = SignalLog(env["REDIS_URL"])
+        rng = random.Random(args.seed)
+
+        idle = run_rt_sequence(args, "idle", owner, workers, rng, busy_ids)
+        busy_ids.extend(start_busy_jobs(args, owner, workers))
+        busy = run_rt_sequence(args, "busy", owner, workers, rng, busy_ids)
+        busy_to = timezone.now()
+        stop_busy_jobs(busy_ids, workers)
+        for phase in (idle, busy):
+            collect(phase, signals)
+        check = check_busy(args, busy, busy_ids, busy_to, signals)
+    except (TimeoutError, RuntimeError, subprocess.SubprocessError) as exc:
+        print(f"rt_latency: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if signals is not None:
+            signals.stop()
+        for service in reversed(services):
+            service.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    report(args, work, idle, busy, check, time.monotonic() - started)
+    if args.keep:
+        print(f"kept {work}")
+    return 0
+
+
+# --- the runs -------------------------------------------------------------------------------
+
+
+def rt_params():
+    from workers.workloads import registry
+
+    return registry.validate("synthetic", {"steps": 1, "step_ms": 1.0, "state_kb": 0}, is_staff=False)
+
+
+def run_rt_sequence(args, label: str, owner, workers: list[Service], rng: random.Random, busy_ids: list[int]) -> Phase:
+    """RT jobs one at a time; each waits for the one before to finish and the busy jobs to run."""
+    from webapp.models import Job
+    from webapp.services import submit_job
+
+    params = rt_params()
+    phase = Phase(label)
+
+    def alive() -> None:
+        for worker in workers:
+            worker.check_alive()
+
+    def busy_running() -> bool:
+        alive()
+        return Job.objects.filter(pk__in=busy_ids, state="running").count() == len(busy_ids)
+
+    for i in range(args.warmup + args.rt_jobs):
+        if busy_ids:
+            wait_for(busy_running, 30, "every busy job to be running again", interval=0.005)
+        time.sleep(rng.uniform(*args.gap_ms) / 1000)
+        job = submit_job(owner=owner, name=f"rt-{label}-{i}", tier_code="RT", workload="synthetic", params=params)
+
+        def finished(pk=job.pk) -> bool:
+            alive()
+            state = Job.objects.filter(pk=pk).values_list("state", flat=True).first()
+            if state not in ("queued", "running", "succeeded"):
+                raise RuntimeError(f"RT job {pk} ended {state}")
+            return state == "succeeded"
+
+        wait_for(finished, 20, f"RT job {job.pk} ({label}) to finish", interval=0.005)
+        if i >= args.warmup:
+            phase.ids.append(job.pk)
+    return phase
+
+
+def start_busy_jobs(args, owner, workers: list[Service]) -> list[int]:
+    """One long busy-tier job per GPU, all running (and past their first restore) on return."""
+    from webapp.models import Job, Slice
+    from webapp.services import submit_job
+    from workers.workloads import registry
+
+    params = registry.validate(
+        "synthetic",
+        {
+            "steps": BUSY_STEPS,
+            "step_ms": args.busy_step_ms,
+            "state_kb": args.busy_state_kb,
+            "gpu_util": args.busy_gpu_util,
+        },
+        is_staff=False,
+    )
+    ids = [
+        submit_job(owner=owner, name=f"busy-{i}", tier_code=args.busy_tier, workload="synthetic", params=params).pk
+        for i in range(args.gpus)
+    ]
+
+    def all_running() -> bool:
+        for worker in workers:
+            worker.check_alive()
+        running = Job.objects.filter(pk__in=ids, state="running").values_list("worker", flat=True)
+        return len(set(running)) == len(ids)
+
+    wait_for(all_running, 30, "a busy job running on every GPU", interval=0.05)
+    # Let each finish its first (ordinary) slice, so that the measurement starts in steady state.
+    wait_for(
+        lambda: Slice.objects.filter(job_id__in=ids).count() >= len(ids),
+        30 + 3 * args.busy_slice_ms / 1000,
+        "the busy jobs' first slices",
+        interval=0.05,
+    )
+    wait_for(all_running, 30, "a busy job running on every GPU", interval=0.05)
+    return ids
+
+
+def stop_busy_jobs(ids: list[int], workers: list[Service]) -> None:
+    """Cancel the busy jobs; their workers notice at the next step. Then the GPUs are idle."""
+    from webapp.models import Job
+    from webapp.services import ActionRefused, cancel_job
+
+    for job in Job.objects.filter(pk__in=ids):
+        with contextlib.suppress(ActionRefused):
+            cancel_job(job, actor="rt-latency-bench")
+
+    def idle() -> bool:
+        for worker in workers:
+            worker.check_alive()
+        return not Job.objects.filter(state="running").exists()
+
+    wait_for(idle, 30, "the GPUs to go idle after cancelling the busy jobs", interval=0.05)
+
+
+# --- the analysis ---------------------------------------------------------------------------
+
+
+def collect(phase: Phase, signals: SignalLog) -> None:
+    from webapp.models import Job, Slice
+
+    rows = Job.objects.filter(pk__in=phase.ids).values("pk", "submitted_at", "first_started_at")
+    by_id = {r["pk"]: r for r in rows}
+    gpus = dict(Slice.objects.filter(job_id__in=phase.ids).values_list("job_id", "gpu_index"))
+    for pk in phase.ids:
+        r = by_id[pk]
+        submitted, started = r["submitted_at"].timestamp(), r["first_started_at"].timestamp()
+        phase.latencies.append((started - submitted) * 1000)
+        seen = signals.first_after(submitted, started + 1.0)
+        if seen is not None:
+            phase.signal_ms.append((seen - submitted) * 1000)
+        phase.gpus[gpus.get(pk)] += 1
+
+
+@dataclass
+class BusyCheck:
+    all_busy_at_submit: int  # submissions that found every GPU inside a busy-tier slice
+    preempted: int  # RT jobs started on a GPU whose previous slice was a busy job cut short for it
+    phases: dict[str, list[float]]  # ms, for the preempted ones; they add up to the latency
+    busy_slices: Counter  # busy-tier slices during the RT sequence, by outcome
+    cut_short: int  # yielded busy slices with used_ms well below the planned slice
+    yields_per_rt: float
+    planned_ms: list[int]
+    plan_reasons: str
+    continued_ms: list[int]  # used_ms of busy slices that ran to their end (continued)
+    after_yield: Counter  # what the GPU ran next after a busy slice yielded
+    during_restore: int  # RT signals that came while the preempted job was still restoring
+
+
+def check_busy(args, busy: Phase, busy_ids: list[int], t1, signals: SignalLog) -> BusyCheck:
+    from webapp.models import Job, JobEvent, Slice
+
+    rt_rows = {r["pk"]: r for r in Job.objects.filter(pk__in=busy.ids).values("pk", "submitted_at", "first_started_at")}
+    t0 = min(r["submitted_at"] for r in rt_rows.values())  # the first measured submission
+
+    fields = (
+        "job_id", "gpu_index", "started_at", "ended_at", "used_ms", "outcome", "restore_ms", "checkpoint_ms",
+        "planned_ms", "plan_reason",
+    )  # fmt: skip
+    busy_slices = list(Slice.objects.filter(job_id__in=busy_ids, ended_at__gte=t0, started_at__lte=t1).values(*fields))
+    yields = defaultdict(list)
+    for job_id, at in JobEvent.objects.filter(job_id__in=busy_ids, from_state="running", to_state="queued").values_list(
+        "job_id", "at"
+    ):
+        yields[job_id].append(at.timestamp())
+    for times in yields.values():
+        times.sort()
+    by_gpu = defaultdict(list)
+    for s in busy_slices:
+        by_gpu[s["gpu_index"]].append(s)
+    for slices in by_gpu.values():
+        slices.sort(key=lambda s: s["ended_at"])
+
+    rt_gpu = dict(Slice.objects.filter(job_id__in=busy.ids).values_list("job_id", "gpu_index"))
+    all_busy = preempted = during_restore = 0
+    phases: dict[str, list[float]] = defaultdict(list)
+    for pk in busy.ids:
+        submitted, started = rt_rows[pk]["submitted_at"], rt_rows[pk]["first_started_at"]
+        inside = {s["gpu_index"] for s in busy_slices if s["started_at"] <= submitted <= s["ended_at"]}
+        all_busy += len(inside) == args.gpus
+        before = [s for s in by_gpu.get(rt_gpu.get(pk), []) if s["ended_at"] <= started]
+        if not before:
+            continue
+        p = before[-1]
+        if p["outcome"] != "yielded" or p["ended_at"] < submitted:
+            continue
+        preempted += 1
+        start_s = p["started_at"].timestamp()
+        compute_end = start_s + (p["restore_ms"] + p["used_ms"] + HALF_MS_TRUNCATION) / 1000
+        yielded_at = next((t for t in yields[p["job_id"]] if start_s <= t <= p["ended_at"].timestamp()), None)
+        seen = signals.first_after(submitted.timestamp(), started.timestamp() + 1.0)
+        if yielded_at is None or seen is None:
+            continue
+        # The RT signal came while P was still restoring: its first step ran only after that.
+        during_restore += seen < start_s + p["restore_ms"] / 1000
+        values = (
+            seen - submitted.timestamp(),
+            compute_end - seen,
+            yielded_at - compute_end - p["checkpoint_ms"] / 1000,
+            p["checkpoint_ms"] / 1000,
+            p["ended_at"].timestamp() - yielded_at,
+            started.timestamp() - p["ended_at"].timestamp(),
+        )
+        for name, value in zip(PHASES, values, strict=True):
+            phases[name].append(value * 1000)
+
+    # What each GPU ran after a busy slice yielded: the RT job, the other busy job, or the same one again.
+    rt_slices = Slice.objects.filter(job_id__in=busy.ids).values("job_id", "gpu_index", "started_at")
+    timeline = defaultdict(list)
+    for s in (*busy_slices, *({**r, "outcome": "rt"} for r in rt_slices)):
+        timeline[s["gpu_index"]].append(s)
+    after_yield: Counter = Counter()
+    for slices in timeline.values():
+        slices.sort(key=lambda s: s["started_at"])
+        for a, b in itertools.pairwise(slices):
+            if a["outcome"] == "yielded":
+                after_yield[
+                    "RT job" if b["outcome"] == "rt" else "same job" if b["job_id"] == a["job_id"] else "other busy job"
+                ] += 1
+
+    outcomes = Counter(s["outcome"] for s in busy_slices)
+    cut_short = sum(1 for s in busy_slices if s["outcome"] == "yielded" and s["used_ms"] < 0.8 * s["planned_ms"])
+    return BusyCheck(
+        all_busy_at_submit=all_busy,
+        preempted=preempted,
+        phases=dict(phases),
+        busy_slices=outcomes,
+        cut_short=cut_short,
+        yields_per_rt=outcomes["yielded"] / len(busy.ids) if busy.ids else float("nan"),
+        planned_ms=sorted({s["planned_ms"] for s in busy_slices}),
+        plan_reasons="/".join(sorted({s["plan_reason"] for s in busy_slices})),
+        continued_ms=[s["used_ms"] for s in busy_slices if s["outcome"] == "continued"],
+        after_yield=after_yield,
+        during_restore=during_restore,
+    )
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def stats_row(label: str, values: list[float]) -> str:
+    data = sorted(values)
+    if not data:
+        return f"{label:<34}{0:>5}"
+    return (
+        f"{label:<34}{len(data):>5}{percentile(data, 50):>9.2f}{percentile(data, 90):>9.2f}"
+        f"{percentile(data, 99):>9.2f}{data[-1]:>9.2f}{statistics.fmean(data):>9.2f}"
+    )
+
+
+def report(args, work: Path, idle: Phase, busy: Phase, check: BusyCheck, elapsed_s: float) -> None:
+    import celery
+    import django
+
+    print(
+        f"RT submit-to-start latency: {args.gpus} simulated GPU workers (prefork, concurrency 1), private "
+        f"redis-server, SQLite; busy load: one {args.busy_tier} job per GPU, {args.busy_step_ms:g} ms steps, "
+        f"{args.busy_state_kb} KB state, {args.busy_tier} slice {args.busy_slice_ms} ms, CLOCKQ_OVERHEAD_BUDGET "
+        f"default; RT jobs 1 step x 1 ms, gaps {args.gap_ms[0]:g}-{args.gap_ms[1]:g} ms; {os.cpu_count()} CPUs; "
+        f"checkpoints on {filesystem_of(work.parent)}; Python {sys.version.split()[0]}, Celery {celery.__version__}, "
+        f"Django {django.__version__}; {elapsed_s:.0f} s"
+    )
+    print()
+    print(f"{'ms':<34}{'n':>5}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}{'mean':>9}")
+    print(stats_row("RT on idle GPUs", idle.latencies))
+    print(stats_row("  submit -> RT signal seen", idle.signal_ms))
+    print(stats_row(f"RT with every GPU busy ({args.busy_tier})", busy.latencies))
+    for name in PHASES:
+        print(stats_row(f"  {name}", check.phases.get(name, [])))
+    print(
+        f"  (phases: the {len(check.phases.get(PHASES[0], []))} RT jobs that preempted a busy job; they add up; "
+        f"{check.during_restore} signals came while that job was still restoring, so their step end includes "
+        f"the rest of the restore)"
+    )
+    print()
+    n = len(busy.ids)
+    print(
+        f"busy check: {check.all_busy_at_submit}/{n} submissions found all {args.gpus} GPUs inside a "
+        f"{args.busy_tier} slice; {check.preempted}/{n} RT jobs started on a GPU whose {args.busy_tier} slice "
+        f"was cut short for them"
+    )
+    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(check.busy_slices.items()))
+    continued = (
+        f"; continued slices used {min(check.continued_ms)}-{max(check.continued_ms)} ms" if check.continued_ms else ""
+    )
+    lo, hi = (check.planned_ms[0], check.planned_ms[-1]) if check.planned_ms else (0, 0)
+    planned = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    print(
+        f"  {args.busy_tier} slices during the RT sequence: {outcomes}; {check.cut_short} yielded with used_ms < "
+        f"80% of planned; {check.yields_per_rt:.2f} {args.busy_tier} yields per RT job; planned "
+        f"{planned} ms ({check.plan_reasons}){continued}"
+    )
+    followed = ", ".join(f"{k} {v}" for k, v in check.after_yield.most_common())
+    print(f"  next on the same GPU after a {args.busy_tier} slice yielded: {followed}")
+    print(
+        f"  RT jobs per GPU: idle {dict(sorted(idle.gpus.items()))}, busy {dict(sorted(busy.gpus.items()))}",
+    )
+    print()
+    idle_p99 = percentile(sorted(idle.latencies), 99)
+    busy_p99 = percentile(sorted(busy.latencies), 99)
+    verdict = "met" if busy_p99 <= GOAL_MS else "NOT met"
+    print(f"goal: p99 <= {GOAL_MS:g} ms (the specification's RT threshold), with every GPU busy: {verdict}")
+    print(
+        f"RT start latency p50/p99/max: idle {percentile(sorted(idle.latencies), 50):.1f}/{idle_p99:.1f}/"
+        f"{max(idle.latencies):.1f} ms | busy {percentile(sorted(busy.latencies), 50):.1f}/{busy_p99:.1f}/"
+        f"{max(busy.latencies):.1f} ms | busy/idle p99 {busy_p99 / idle_p99:.1f}x | goal {verdict}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
