@@ -75,6 +75,16 @@ class Runtime:
         # requeue, message hop, claim. Measured as GPU idle time between two jobs' steps.
         self.switch_overhead_ms: float | None = None
         self.last_yield: tuple[float, float] | None = None  # (compute end, its checkpoint ms)
+        # This worker made way for an RT job (it took one from signals.RT_UNCLAIMED_KEY).
+        self.made_way_for_rt = False
+
+    def account_rt_claim(self, rank: int) -> None:
+        """At every claim: an RT job claimed from idle takes its own unclaimed count; one this
+        worker made way for was already taken when it made way."""
+        if self.made_way_for_rt:
+            self.made_way_for_rt = False
+        elif rank == 0:
+            signals.take_rt_job(broker.client())
 
     def note_switch_in(self, first_step_at: float, restore_ms: float) -> None:
         """Called as a job's first step starts: if the previous task yielded, the GPU has been

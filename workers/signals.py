@@ -25,10 +25,35 @@ import redis
 log = logging.getLogger("clockq.signals")
 
 CHANNEL = "clockq:signals"
+# RT jobs dispatched that no worker has yet made way for (or claimed from idle). Every busy GPU
+# hears the RT signal; this counter lets exactly one of them checkpoint for each RT job instead
+# of all of them. It expires, so a miscount heals itself.
+RT_UNCLAIMED_KEY = "clockq:rt:unclaimed"
+RT_UNCLAIMED_TTL_S = 60
+_TAKE_ONE = """
+local n = tonumber(redis.call('GET', KEYS[1]) or '0')
+if n > 0 then redis.call('DECR', KEYS[1]) return 1 end
+return 0
+"""
 
 
 def announce_rt_waiting(client: redis.Redis) -> None:
-    _publish(client, {"kind": "rt"})
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.incr(RT_UNCLAIMED_KEY).expire(RT_UNCLAIMED_KEY, RT_UNCLAIMED_TTL_S)
+        pipe.publish(CHANNEL, json.dumps({"kind": "rt"}))
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("could not announce an RT job: %s", exc)
+
+
+def take_rt_job(client: redis.Redis) -> bool:
+    """Take one unclaimed RT job: True means this worker is the one that makes way for it (or,
+    claiming it from idle, the one that got it). Never blocks long: False on a broker error."""
+    try:
+        return bool(client.eval(_TAKE_ONE, 1, RT_UNCLAIMED_KEY))
+    except redis.RedisError:
+        return False
 
 
 def announce_job_changed(client: redis.Redis, job_id: int) -> None:

@@ -36,7 +36,7 @@ from clockq.policy.slicing import (
 from clockq.policy.states import JobState
 from webapp.models import Job, JobEvent, Slice
 from webapp.transitions import transition
-from workers import broker
+from workers import broker, signals
 from workers.lease import lease_until
 from workers.runtime import Runtime, TierInfo
 from workers.workloads import registry
@@ -165,6 +165,7 @@ class JobRun:
 
     def run(self) -> str:
         self.rt.leases.hold(self.job_id, self.token)
+        self.rt.account_rt_claim(self.tier.rank)
         record = self._new_record()
         workload = None
         keep_warm = False
@@ -276,7 +277,7 @@ class JobRun:
             Boundary(
                 done=done,
                 job_rank=self.tier.rank,
-                waiting_by_rank=[] if done else self._waiting_by_rank(self.tier.rank),
+                waiting_by_rank=[] if done else self._waiting_by_rank(self.tier.rank, record.cut_short),
                 pending_action=row["pending_action"],
                 past_deadline=bool(self.job["deadline"] and timezone.now() >= self.job["deadline"]),
                 shutting_down=self.rt.shutting_down(),
@@ -310,16 +311,27 @@ class JobRun:
             self.rt.last_yield = (record.compute_end, record.checkpoint_ms)
         return target
 
-    def _waiting_by_rank(self, rank: int) -> list[int]:
+    def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
         """Jobs waiting per tier. The broker's queue lengths are the cheap first look; when they
         say someone waits, the database confirms it, because the broker may also hold stale or
-        duplicate messages that would cause a needless switch."""
+        duplicate messages that would cause a needless switch.
+
+        After an RT interrupt the broker alone answers: an RT message leaves its queue the moment
+        a worker takes it, while the job stays `queued` in the database until the claim commits.
+        Reading the queue keeps every other busy GPU from also making way for the same RT job."""
         try:
             waiting = broker.waiting_by_rank()
         except RedisError as exc:
             # With the broker down nothing can be dispatched anyway: keep the GPU busy.
             log.warning("job %s: cannot read queue lengths (%s); continuing", self.job_id, exc)
             return []
+        if cut_short:
+            # Of all the busy GPUs that heard the RT signal, one per RT job makes way.
+            if rank > 0 and waiting[0] and signals.take_rt_job(broker.client()):
+                self.rt.made_way_for_rt = True
+            else:
+                waiting[0] = 0
+            return waiting
         if not waiting_ahead(rank, waiting):
             return waiting
         counts = dict(

@@ -7,7 +7,7 @@ import pytest
 
 from tests.harness import wait_for
 from tests.helpers import submit, wait_finished
-from webapp.models import Job, QueueTier
+from webapp.models import Job, JobEvent, QueueTier
 from webapp.services import cancel_job
 
 pytestmark = pytest.mark.integration
@@ -36,6 +36,9 @@ def test_rt_starts_within_a_step_on_two_busy_gpus(start_workers, alice, sp_slice
     assert start_latency_ms < 250, start_latency_ms
     cut_short = Job.objects.filter(pk__in=[b.pk for b in busy], slices__outcome="yielded", slices__used_ms__lt=400)
     assert cut_short.exists()
+    # Both GPUs heard the signal, but only one made way for the one RT job.
+    made_way = JobEvent.objects.filter(job__in=busy, reason="preempted by a waiting RT job")
+    assert made_way.count() == 1
     for job in wait_finished(*busy):
         assert job.state == "succeeded"
 
