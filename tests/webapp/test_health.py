@@ -32,3 +32,15 @@ def test_healthz_is_503_when_the_broker_is_down(client, settings):
     finally:
         broker.client.cache_clear()
     assert response.status_code == 503 and response.json()["checks"]["broker"] == {"ok": False}
+
+
+def test_healthz_shows_nvml_errors_that_workers_report(client):
+    import time
+
+    from workers import broker, telemetry
+
+    # As a worker whose GPU fell off the bus would publish it.
+    sample = telemetry.GpuSample(host="node7", gpu_index=3, ts=time.time(), simulated=False, error="GPU is lost")
+    telemetry.publish(broker.client(), sample)
+    body = client.get("/healthz").json()
+    assert body["gpu_errors"] == {"gpu3@node7": "GPU is lost"}
