@@ -32,6 +32,7 @@ def run_slice(self, job_id, token) -> str:
 
 @shared_task(name="clockq.reconcile_queued_jobs", ignore_result=True)
 def reconcile_queued_jobs() -> int:
+    reconcile.time_out_overdue_jobs()
     return reconcile.reconcile_queued_jobs()
 
 

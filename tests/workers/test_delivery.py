@@ -91,3 +91,26 @@ def _broker_answers() -> bool:
         return broker.client().ping()
     except Exception:
         return False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_waiting_jobs_past_their_deadline_time_out(alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from webapp.services import hold_job
+    from workers.reconcile import time_out_overdue_jobs
+
+    queued = submit(alice, "BK", "late-queued", steps=1)
+    held = hold_job(submit(alice, "BK", "late-held", steps=1), actor="alice")
+    on_time = submit(alice, "BK", "on-time", steps=1)
+    past = timezone.now() - timedelta(seconds=1)
+    Job.objects.filter(pk__in=[queued.pk, held.pk]).update(deadline=past)
+    Job.objects.filter(pk=on_time.pk).update(deadline=timezone.now() + timedelta(hours=1))
+
+    assert time_out_overdue_jobs() == 2
+
+    states = dict(Job.objects.values_list("name", "state"))
+    assert states == {"late-queued": "timed_out", "late-held": "timed_out", "on-time": "queued"}
+    assert Job.objects.get(pk=held.pk).events.last().reason == "deadline passed while held"
