@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from _harness import EventLog, RedisServer, Service, Summary, filesystem_of, wait_for
+from _harness import EventLog, RedisServer, Service, Summary, clockq_env, filesystem_of, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 HALF_MS_TRUNCATION = 0.5  # Slice.used_ms is stored as int(ms)
@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         broker = RedisServer(work)
         services.append(broker)
         broker.start()
-        env = prepare_env(work, broker.url)
+        # BENCH_BROKER_URL is read by _bare_app; no overhead stretching, so that every boundary
+        # is a switch at the slice length asked for.
+        env = clockq_env(work, broker.url, BENCH_BROKER_URL=broker.url, CLOCKQ_GPUS="sim:1", CLOCKQ_OVERHEAD_BUDGET="0")
         bare_app = setup_django_and_bare_app()
         notes = compare_broker_settings(bare_app)
         events = EventLog(bare_app.app).start()
@@ -149,34 +151,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # --- setup ----------------------------------------------------------------------------------
-
-
-def prepare_env(work: Path, redis_url: str) -> dict[str, str]:
-    """The environment of every process in the run; also applied to this one, before Django."""
-    (work / "checkpoints").mkdir()
-    (work / "var").mkdir()
-    bench = {
-        "REDIS_URL": redis_url,
-        "BENCH_BROKER_URL": redis_url,
-        "DATABASE_URL": f"sqlite:///{work / 'bench.sqlite3'}",
-        "CLOCKQ_CHECKPOINT_DIR": str(work / "checkpoints"),
-        "CLOCKQ_VAR_DIR": str(work / "var"),
-        "CLOCKQ_GPUS": "sim:1",
-        # Every boundary must be a switch at the slice length asked for: no overhead stretching.
-        "CLOCKQ_OVERHEAD_BUDGET": "0",
-        "DJANGO_SETTINGS_MODULE": "clockq.settings",
-    }
-    os.environ.update(bench)
-    env = dict(os.environ)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        timeout=120,
-        stdout=subprocess.DEVNULL,
-    )
-    return env
 
 
 def setup_django_and_bare_app():
