@@ -316,9 +316,9 @@ class JobRun:
         say someone waits, the database confirms it, because the broker may also hold stale or
         duplicate messages that would cause a needless switch.
 
-        After an RT interrupt the broker alone answers: an RT message leaves its queue the moment
-        a worker takes it, while the job stays `queued` in the database until the claim commits.
-        Reading the queue keeps every other busy GPU from also making way for the same RT job."""
+        After an RT interrupt only RT counts, and only for the one busy GPU that takes the RT job
+        from the counter of unclaimed ones (workers/signals.py): every busy GPU heard the signal,
+        and one checkpoint per RT job is enough."""
         try:
             waiting = broker.waiting_by_rank()
         except RedisError as exc:
