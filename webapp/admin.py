@@ -46,11 +46,14 @@ class SliceInline(admin.TabularInline):
         "worker",
         "gpu_index",
         "planned_ms",
+        "plan_reason",
         "used_ms",
         "steps",
+        "gpu_util",
         "outcome",
         "checkpoint_bytes",
         "checkpoint_ms",
+        "restore_ms",
     ]
     readonly_fields = fields
     max_num = 0  # no adding from the admin
@@ -184,6 +187,11 @@ class JobAdmin(admin.ModelAdmin):
         "dispatch_token",
         "dispatched_at",
         "worker",
+        "lease_expires_at",
+        "gpu_mem_mib",
+        "placement_note",
+        "util_ewma",
+        "switch_cost_ms",
         "failures",
         "last_error",
     ]

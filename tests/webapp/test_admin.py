@@ -101,3 +101,10 @@ def test_tiers_are_editable_and_checked(admin_client):
     assert "cannot exceed the base slice" in bad.content.decode()
     admin_client.post(url, {"use": "training", "wait_target_ms": 600000, "base_slice_ms": 100, "min_slice_ms": 20})
     assert QueueTier.objects.get(code="SP").base_slice_ms == 100
+
+
+def test_the_job_page_shows_placement_and_telemetry(admin_client, alice):
+    job = submit(alice, name="placed")
+    Job.objects.filter(pk=job.pk).update(placement_note="needs 90000 MiB of GPU memory", util_ewma=0.42)
+    page = admin_client.get(f"/admin/webapp/job/{job.pk}/change/").content.decode()
+    assert "needs 90000 MiB of GPU memory" in page and "0.42" in page
