@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 
 from celery import shared_task
@@ -17,17 +16,13 @@ log = logging.getLogger("clockq.tasks")
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 
 
-def gpu_index() -> int:
-    return int(os.environ.get("CLOCKQ_GPU_INDEX", "-1"))
-
-
 @shared_task(name=RUN_SLICE_TASK, bind=True, acks_late=True, ignore_result=True)
 def run_slice(self, job_id, token) -> str:
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not isinstance(token, str) or not _TOKEN.match(token):
         log.error("dropping malformed dispatch message: job_id=%r token=%r", job_id, token)
         return "malformed"
     shutdown.ensure_handler()
-    return run_dispatch(job_id, token, runtime.for_worker(self.request.hostname or f"gpu{gpu_index()}@unknown"))
+    return run_dispatch(job_id, token, runtime.for_worker(self.request.hostname or "unknown"))
 
 
 @shared_task(name="clockq.reconcile_queued_jobs", ignore_result=True)
@@ -44,9 +39,9 @@ def reap_expired_leases() -> int:
 @worker_ready.connect
 def _start_heartbeat(sender=None, **_kwargs) -> None:
     hostname = getattr(sender, "hostname", None) or "unknown"
-    if gpu_index() < 0:  # the control worker
+    identity = runtime.WorkerIdentity.from_env(hostname)
+    if identity.gpu_index < 0:  # the control worker
         heartbeat.start(hostname, None)
         return
-    identity = runtime.WorkerIdentity.from_env(hostname)
     probe = telemetry.make_probe(identity.gpu_index, identity.simulated, identity.memory_total_mib)
     heartbeat.start(hostname, identity.gpu_index, probe)

@@ -92,11 +92,6 @@ def plan_slice(
     return SlicePlan(ms, reason)
 
 
-def plan_slice_ms(base_ms: int, min_ms: int, avg_util: float | None = None) -> int:
-    """The specification's rule alone, without the overhead floor."""
-    return plan_slice(base_ms, min_ms, avg_util).ms
-
-
 def ewma(previous: float | None, sample: float, alpha: float = 0.3) -> float:
     """Exponentially weighted moving average; the first sample starts it."""
     return sample if previous is None else (1 - alpha) * previous + alpha * sample

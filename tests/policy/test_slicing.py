@@ -8,7 +8,6 @@ from clockq.policy.slicing import (
     decide_at_boundary,
     ewma,
     plan_slice,
-    plan_slice_ms,
     waiting_ahead,
 )
 
@@ -24,12 +23,12 @@ from clockq.policy.slicing import (
     ],
 )
 def test_plan_slice_follows_the_specification_formula(avg_util, expected_ms):
-    assert plan_slice_ms(50, 20, avg_util) == expected_ms
+    assert plan_slice(50, 20, avg_util).ms == expected_ms
 
 
 def test_plan_slice_never_goes_below_the_floor():
-    assert plan_slice_ms(20, 20, 0.0) == 20
-    assert plan_slice_ms(10, 20) == 20
+    assert plan_slice(20, 20, 0.0).ms == 20
+    assert plan_slice(10, 20).ms == 20
 
 
 @pytest.mark.parametrize(
