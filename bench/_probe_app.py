@@ -28,15 +28,18 @@ __all__ = ["app"]
 _records: list[tuple[str, float, float]] = []
 
 # (module, attribute path): the steps of a switch in workers/slice_runner.py and what it calls.
+# A function is patched in the namespace its caller looks it up in: slice_runner calls
+# `queues.waiting_by_rank()` and `registry.create()` through their modules, but `transition` by its
+# own imported name, and clockq/jobs/transitions.py calls `publish_dispatch` by its imported name.
 FUNCTIONS = (
     ("workers.slice_runner", "JobRun._at_boundary"),
-    ("workers.broker", "waiting_by_rank"),
+    ("clockq.bus.queues", "waiting_by_rank"),
     ("workers.slice_runner", "JobRun._checkpoint"),
     ("workers.checkpoints", "CheckpointStore.write"),
     ("workers.slice_runner", "JobRun._end"),
     ("workers.slice_runner", "transition"),
     ("workers.slice_runner", "JobRun._save_slice"),
-    ("webapp.transitions", "publish_dispatch"),
+    ("clockq.jobs.transitions", "publish_dispatch"),
     ("workers.slice_runner", "claim_job"),
     ("workers.slice_runner", "JobRun.__init__"),
     ("workers.slice_runner", "JobRun._restore"),

@@ -40,17 +40,15 @@ import itertools
 import logging
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from _harness import RedisServer, Service, clockq_env, filesystem_of, setup_django, start_gpu_worker, wait_for
+from _harness import filesystem_of, private_clockq, start_gpu_worker, wait_for
 
 HALF_MS_TRUNCATION = 0.5  # Slice.used_ms is stored as int(ms)
 BASELINE_SLICE_MS = 600_000
@@ -125,47 +123,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="clockq-efficiency-", dir=args.tmp_dir))
-    services: list[Service] = []
     results: list[Result] = []
     started = time.monotonic()
     try:
-        broker = RedisServer(work)
-        services.append(broker)
-        broker.start()
-        env = clockq_env(work, broker.url, CLOCKQ_GPUS="sim:1")
-        setup_django()
-        logging.getLogger("clockq").setLevel(logging.WARNING)  # this process's submit logs
-        from django.contrib.auth import get_user_model
+        with private_clockq("clockq-efficiency-", tmp_dir=args.tmp_dir, keep=args.keep, CLOCKQ_GPUS="sim:1") as stack:
+            logging.getLogger("clockq").setLevel(logging.WARNING)  # this process's submit logs
+            from django.contrib.auth import get_user_model
 
-        owner = get_user_model().objects.create_user("efficiency-bench")
-        for repeat, config in itertools.product(range(args.repeats), CONFIGS):
-            results.append(run_config(args, config, repeat, owner, env, work, services))
+            owner = get_user_model().objects.create_user("efficiency-bench")
+            for repeat, config in itertools.product(range(args.repeats), CONFIGS):
+                results.append(run_config(args, config, repeat, owner, stack.env, stack.work, stack.services))
     except (TimeoutError, RuntimeError, subprocess.SubprocessError) as exc:
         print(f"efficiency: {exc}", file=sys.stderr)
         return 1
-    finally:
-        for service in reversed(services):
-            service.stop()
-        if args.keep:
-            print(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-    report(args, work, results, time.monotonic() - started)
+    report(args, stack.work, results, time.monotonic() - started)
     return 0
 
 
 def run_config(args, config: Config, repeat: int, owner, env: dict[str, str], work: Path, services) -> Result:
-    from webapp.models import Job, JobEvent, QueueTier, Slice
-    from webapp.services import submit_job
-    from workers.workloads import registry
+    from clockq.jobs import workloads
+    from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
+    from clockq.jobs.services import submit_job
 
     # Before the worker starts: its tier cache and its settings are read fresh.
     QueueTier.objects.filter(code="SP").update(base_slice_ms=config.slice_ms, min_slice_ms=config.slice_ms)
     worker = start_gpu_worker(0, 1, {**env, "CLOCKQ_OVERHEAD_BUDGET": config.budget}, work)
     services.append(worker)
     try:
-        params = registry.validate(
+        params = workloads.validate(
             "synthetic",
             {"steps": args.steps, "step_ms": args.step_ms, "state_kb": args.state_kb, "gpu_util": args.gpu_util},
             is_staff=False,

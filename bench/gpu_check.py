@@ -1,25 +1,31 @@
-"""Real-GPU check: NVML discovery, a pinned worker, keras_train and matmul time-sliced on GPU 0.
+"""Real-GPU check: NVML telemetry, a pinned worker, and Keras training time-sliced on one GPU.
 
 Usage (on a host with an NVIDIA GPU; bench/gpu_check.sh prepares the environment):
 
-    python bench/gpu_check.py [--gpu 0] [--timeout 240]
+    python bench/gpu_check.py [--gpu 0] [--timeout 240] [--simulated]
 
-It starts its own redis-server and SQLite database in a temporary folder, one GPU worker pinned
-to the GPU (`CLOCKQ_GPUS=<gpu>`, so `CUDA_VISIBLE_DEVICES=<gpu>`), submits a keras_train job and a
-matmul job to the same tier so they share the GPU in time slices, and prints per-slice GPU
-utilisation (from NVML), the planned slice lengths and why, and each job's measured switch cost.
-Without a GPU it says so and exits 2.
+It starts its own redis-server and SQLite database in a temporary folder and one GPU worker
+pinned to the GPU (`CLOCKQ_GPUS=<gpu>`, so `CUDA_VISIBLE_DEVICES=<gpu>`). Then:
+
+1. it reads the GPU once through `NvmlProbe` and prints every dimension;
+2. it submits two `keras_train` jobs to the same tier, a small model and a large one, so they
+   share the GPU in time slices, and a few RT jobs while they run;
+3. it prints, per slice, the GPU utilisation NVML measured, the planned length and why, the
+   checkpoint and restore times, and each job's measured switch cost; and the RT jobs' waits.
+
+It passes when NVML reads the GPU without error, both training jobs succeed after yielding to
+each other, their slices carry measured utilisation, and every RT job ran. Keras uses the
+backend in KERAS_BACKEND (TensorFlow unless set). `--simulated` runs the same script on a
+simulated GPU, to check the script itself. Without a GPU it says so and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import socket
-import subprocess
+import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,99 +33,148 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _harness import RedisServer, Service, wait_for  # noqa: E402
+from _harness import Service, private_clockq, wait_for  # noqa: E402
+
+TRAINING = {
+    # A model small enough that the GPU mostly waits on Python, and one that keeps it busy.
+    "keras-small": {"steps": 600, "batch_size": 64, "hidden": 64, "seed": 1},
+    "keras-large": {"steps": 300, "batch_size": 4096, "hidden": 4096, "seed": 2},
+}
+# The same shapes, cut down for a dry run on a CPU.
+TRAINING_SIMULATED = {
+    "keras-small": {"steps": 150, "batch_size": 16, "hidden": 16, "seed": 1},
+    "keras-large": {"steps": 60, "batch_size": 256, "hidden": 256, "seed": 2},
+}
+RT_JOBS = 3
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for both jobs")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the jobs")
     parser.add_argument("--simulated", action="store_true", help="dry run of this script on a simulated GPU")
     args = parser.parse_args()
     started = time.monotonic()
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "clockq.settings")
-    work = Path(tempfile.mkdtemp(prefix="clockq-gpu-check-"))
-    os.environ.update(
-        CLOCKQ_VAR_DIR=str(work / "var"), CLOCKQ_CHECKPOINT_DIR=str(work / "checkpoints"),
-        DATABASE_URL=f"sqlite:///{work / 'check.sqlite3'}",
-        CLOCKQ_GPUS=f"sim:{args.gpu + 1}" if args.simulated else str(args.gpu),
-    )  # fmt: skip
-    from workers.gpus import nvml_gpus, simulated_gpus
+    gpus_setting = f"sim:{args.gpu + 1}" if args.simulated else str(args.gpu)
+    with private_clockq("clockq-gpu-check-", CLOCKQ_GPUS=gpus_setting) as stack:
+        from workers.gpus import nvml_gpus, simulated_gpus
 
-    print("== NVML discovery")
-    try:
-        gpus = simulated_gpus(args.gpu + 1) if args.simulated else nvml_gpus()
-    except RuntimeError as exc:
-        print(f"no NVIDIA GPU here: {exc}")
-        return 2
-    for gpu in gpus:
-        print(f"GPU {gpu.index}: {gpu.name}, {gpu.memory_total_mib} MiB")
-    if args.gpu not in {g.index for g in gpus}:
-        print(f"GPU {args.gpu} not found")
-        return 2
+        print("== NVML discovery")
+        try:
+            gpus = simulated_gpus(args.gpu + 1) if args.simulated else nvml_gpus()
+        except RuntimeError as exc:
+            print(f"no NVIDIA GPU here: {exc}")
+            return 2
+        for gpu in gpus:
+            print(f"GPU {gpu.index}: {gpu.name}, {gpu.memory_total_mib} MiB")
+        if args.gpu not in {g.index for g in gpus}:
+            print(f"GPU {args.gpu} not found")
+            return 2
+        probe_ok = read_gpu_once(args)
 
-    redis_server = RedisServer(work).start()
-    services: list[Service] = [redis_server]
-    try:
-        os.environ["REDIS_URL"] = redis_server.url
-        env = dict(os.environ)
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=120)
-        workers = Service("gpuworkers", [sys.executable, "manage.py", "gpuworkers"], env, ROOT, work / "workers.log")
-        services.append(workers.start())
-        return run_check(args, workers, time.monotonic() - started)
-    finally:
-        for service in reversed(services):
-            service.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        workers = Service(
+            "gpuworkers", [sys.executable, "manage.py", "gpuworkers"], stack.env, ROOT, stack.work / "workers.log"
+        )
+        stack.services.append(workers.start())
+        try:
+            jobs_ok = run_jobs(args, workers, time.monotonic() - started)
+        except TimeoutError as exc:
+            print(f"== {exc}\n-- last lines of the worker log:\n{workers.tail(40)}")
+            jobs_ok = False
+    ok = probe_ok and jobs_ok
+    print(f"== GPU check {'passed' if ok else 'FAILED'} in {time.monotonic() - started:.0f} s")
+    return 0 if ok else 1
 
 
-def run_check(args, workers: Service, setup_s: float) -> int:
-    import django
+def read_gpu_once(args) -> bool:
+    """One reading through the probe a worker uses: every dimension, and no error."""
+    from workers.probes import make_probe
 
-    django.setup()
+    sample = make_probe(args.gpu, simulated=args.simulated).sample()
+    print("== one NVML reading of GPU", args.gpu)
+    for name, value in sample.to_dict().items():
+        print(f"   {name:>15}: {value}")
+    ok = sample.error is None and sample.gpu_util is not None and bool(sample.mem_total_mib)
+    if not ok:
+        print("   the probe did not read the GPU cleanly")
+    return ok
+
+
+def run_jobs(args, workers: Service, setup_s: float) -> bool:
     from django.contrib.auth.models import User
 
-    from webapp import services
-    from webapp.models import Job
-    from workers import broker, telemetry
-    from workers.workloads import registry
+    from clockq.bus import gpu_samples
+    from clockq.bus.client import client
+    from clockq.bus.heartbeat import KEY_PREFIX
+    from clockq.jobs import services, workloads
+    from clockq.jobs.models import Job, Slice
 
     hostname = f"gpu{args.gpu}@{socket.gethostname()}"
-    wait_for(lambda: (workers.check_alive(), broker.client().exists(f"clockq:worker:{hostname}"))[1], 90,
-             f"worker {hostname}")  # fmt: skip
-    print(f"== worker {hostname} is up (setup took {setup_s:.0f} s)")
-    owner = User.objects.create(username="gpu-check", is_staff=True)
-    jobs = [
-        services.submit_job(owner=owner, name="keras", tier_code="SP", workload="keras_train",
-                            params=registry.validate("keras_train", {"steps": 1500, "batch_size": 1024, "hidden": 1024},
-                                                     is_staff=True)),
-        services.submit_job(owner=owner, name="matmul", tier_code="SP", workload="matmul",
-                            params=registry.validate("matmul", {"size": 1024, "steps": 400}, is_staff=True)),
-    ]  # fmt: skip
-    ids = [j.pk for j in jobs]
 
-    def finished():
+    def worker_up() -> bool:
         workers.check_alive()
-        return all(j.state in ("succeeded", "failed") for j in Job.objects.filter(pk__in=ids))
+        return bool(client().exists(KEY_PREFIX + hostname))
 
-    wait_for(finished, args.timeout, "both jobs to finish", interval=0.5)
+    wait_for(worker_up, 90, f"worker {hostname}")
+    print(f"== worker {hostname} is up (setup took {setup_s:.0f} s); Keras backend {keras_backend()}")
+    owner = User.objects.create(username="gpu-check", is_staff=True)
+
+    def submit(name: str, tier: str, workload: str, params: dict) -> int:
+        cleaned = workloads.validate(workload, params, is_staff=True)
+        return services.submit_job(owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned).pk
+
+    shapes = TRAINING_SIMULATED if args.simulated else TRAINING
+    training = [submit(name, "SP", "keras_train", params) for name, params in shapes.items()]
+
+    def all_finished(ids: list[int]) -> bool:
+        workers.check_alive()
+        return not Job.objects.filter(pk__in=ids, state__in=["queued", "running", "held"]).exists()
+
+    # RT jobs arrive once training has taken steps (an RT job cannot cut into a job's setup,
+    # only into its steps), one at a time, each preempting a training slice.
+    wait_for(lambda: Slice.objects.filter(job_id__in=training).exists(), 120, "training to start")
+    rt = []
+    for i in range(RT_JOBS):
+        time.sleep(1.0)
+        rt.append(submit(f"rt-{i}", "RT", "synthetic", {"steps": 2, "step_ms": 1.0, "state_kb": 0}))
+        wait_for(lambda: all_finished(rt), 60, f"RT job {i} to finish", interval=0.01)
+    wait_for(lambda: all_finished(training), args.timeout, "the training jobs to finish", interval=0.5)
 
     print("== telemetry published by the worker")
-    for sample in telemetry.cluster_samples(broker.client()):
+    for sample in gpu_samples.cluster_samples(client()):
         print("  ", sample.to_dict())
-    for job in Job.objects.filter(pk__in=ids).order_by("pk"):
-        print(f"== job {job.name} ({job.workload}): {job.state}, {job.slice_count} slices, "
-              f"util EWMA {job.util_ewma}, switch cost {job.switch_cost_ms} ms {job.last_error[-300:]}")  # fmt: skip
-        print(f"   {'#':>4} {'planned':>8} {'reason':>8} {'used':>6} {'util':>6} {'outcome':>9} {'ckpt ms':>8} "
-              f"{'restore':>8}")  # fmt: skip
-        for i, s in enumerate(job.slices.order_by("started_at")):
+    ok = True
+    utils: dict[str, float] = {}
+    for job in Job.objects.filter(pk__in=training).order_by("pk"):
+        slices = list(job.slices.order_by("started_at"))
+        measured = [s.gpu_util for s in slices if s.gpu_util is not None]
+        yielded = sum(s.outcome == "yielded" for s in slices)
+        utils[job.name] = statistics.fmean(measured) if measured else float("nan")
+        print(
+            f"== job {job.name}: {job.state}, {job.slice_count} slices ({yielded} yielded), "
+            f"mean slice util {utils[job.name]:.0%}, util EWMA {job.util_ewma}, switch cost {job.switch_cost_ms} ms"
+        )
+        if job.last_error:
+            print("   error:", job.last_error[-600:])
+        header = ("#", "planned", "reason", "used", "util", "outcome", "ckpt ms", "restore")
+        print("   " + " ".join(f"{h:>{w}}" for h, w in zip(header, (4, 8, 8, 6, 6, 9, 8, 8), strict=True)))
+        for i, s in enumerate(slices):
             util = "-" if s.gpu_util is None else f"{s.gpu_util:.0%}"
-            print(f"   {i:>4} {s.planned_ms:>8} {s.plan_reason:>8} {s.used_ms:>6} {util:>6} {s.outcome:>9} "
-                  f"{s.checkpoint_ms:>8.1f} {s.restore_ms:>8.1f}")  # fmt: skip
-    ok = all(j.state == "succeeded" for j in Job.objects.filter(pk__in=ids))
-    print("== GPU check", "passed" if ok else "FAILED")
-    return 0 if ok else 1
+            print(
+                f"   {i:>4} {s.planned_ms:>8} {s.plan_reason:>8} {s.used_ms:>6} {util:>6} {s.outcome:>9} "
+                f"{s.checkpoint_ms:>8.1f} {s.restore_ms:>8.1f}"
+            )
+        ok &= job.state == "succeeded" and yielded > 0 and len(measured) == len(slices)
+    for job in Job.objects.filter(pk__in=rt).order_by("pk"):
+        wait_ms = (job.first_started_at - job.submitted_at).total_seconds() * 1000 if job.first_started_at else None
+        print(f"== RT job {job.name}: {job.state}, submitted to claimed {wait_ms:.1f} ms")
+        ok &= job.state == "succeeded"
+    return ok
+
+
+def keras_backend() -> str:
+    return os.environ.get("KERAS_BACKEND", "tensorflow")
 
 
 if __name__ == "__main__":

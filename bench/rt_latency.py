@@ -53,11 +53,9 @@ import json
 import logging
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -65,16 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
-from _harness import (
-    RedisServer,
-    Service,
-    clockq_env,
-    filesystem_of,
-    percentile,
-    setup_django,
-    start_gpu_worker,
-    wait_for,
-)
+from _harness import Service, filesystem_of, percentile, private_clockq, start_gpu_worker, wait_for
 
 HALF_MS_TRUNCATION = 0.5  # Slice.used_ms is stored as int(ms)
 GOAL_MS = 50.0  # the specification's RT wait target
@@ -117,7 +106,7 @@ class SignalLog:
     """This process's own subscriber to clockq's signal channel: when each RT signal arrived."""
 
     def __init__(self, redis_url: str):
-        from workers.signals import CHANNEL
+        from clockq.bus.signals import CHANNEL
 
         self.pubsub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
         self.pubsub.subscribe(CHANNEL)
@@ -159,56 +148,44 @@ class Phase:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="clockq-rt-latency-", dir=args.tmp_dir))
-    services: list[Service] = []
-    signals: SignalLog | None = None
     busy_ids: list[int] = []
     started = time.monotonic()
+    os.environ.pop("CLOCKQ_OVERHEAD_BUDGET", None)  # the default, whatever this shell has
     try:
-        broker = RedisServer(work)
-        services.append(broker)
-        broker.start()
-        os.environ.pop("CLOCKQ_OVERHEAD_BUDGET", None)  # the default, whatever this shell has
-        env = clockq_env(work, broker.url, CLOCKQ_GPUS=f"sim:{args.gpus}")
-        setup_django()
-        logging.getLogger("clockq").setLevel(logging.WARNING)  # this process's submit and cancel logs
-        from django.contrib.auth import get_user_model
-        from django.utils import timezone
+        with private_clockq(
+            "clockq-rt-latency-", tmp_dir=args.tmp_dir, keep=args.keep, CLOCKQ_GPUS=f"sim:{args.gpus}"
+        ) as stack:
+            logging.getLogger("clockq").setLevel(logging.WARNING)  # this process's submit and cancel logs
+            from django.contrib.auth import get_user_model
+            from django.utils import timezone
 
-        from webapp.models import QueueTier
+            from clockq.jobs.models import QueueTier
 
-        QueueTier.objects.filter(code=args.busy_tier).update(
-            base_slice_ms=args.busy_slice_ms, min_slice_ms=args.busy_slice_ms
-        )
-        owner = get_user_model().objects.create_user("rt-latency-bench")
-        for index in range(args.gpus):
-            services.append(start_gpu_worker(index, args.gpus, env, work))
-        workers = services[1:]
-        signals = SignalLog(env["REDIS_URL"])
-        rng = random.Random(args.seed)
-
-        idle = run_rt_sequence(args, "idle", owner, workers, rng, busy_ids)
-        busy_ids.extend(start_busy_jobs(args, owner, workers))
-        busy = run_rt_sequence(args, "busy", owner, workers, rng, busy_ids)
-        busy_to = timezone.now()
-        stop_busy_jobs(busy_ids, workers)
-        for phase in (idle, busy):
-            collect(phase, signals)
-        check = check_busy(args, busy, busy_ids, busy_to, signals)
+            QueueTier.objects.filter(code=args.busy_tier).update(
+                base_slice_ms=args.busy_slice_ms, min_slice_ms=args.busy_slice_ms
+            )
+            owner = get_user_model().objects.create_user("rt-latency-bench")
+            for index in range(args.gpus):
+                stack.services.append(start_gpu_worker(index, args.gpus, stack.env, stack.work))
+            workers = stack.services[1:]
+            signals = SignalLog(stack.broker_url)
+            try:
+                rng = random.Random(args.seed)
+                idle = run_rt_sequence(args, "idle", owner, workers, rng, busy_ids)
+                busy_ids.extend(start_busy_jobs(args, owner, workers))
+                busy = run_rt_sequence(args, "busy", owner, workers, rng, busy_ids)
+                busy_to = timezone.now()
+                stop_busy_jobs(busy_ids, workers)
+                for phase in (idle, busy):
+                    collect(phase, signals)
+                check = check_busy(args, busy, busy_ids, busy_to, signals)
+            finally:
+                signals.stop()
     except (TimeoutError, RuntimeError, subprocess.SubprocessError) as exc:
         print(f"rt_latency: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if signals is not None:
-            signals.stop()
-        for service in reversed(services):
-            service.stop()
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
 
-    report(args, work, idle, busy, check, time.monotonic() - started)
-    if args.keep:
-        print(f"kept {work}")
+    report(args, stack.work, idle, busy, check, time.monotonic() - started)
     return 0
 
 
@@ -216,15 +193,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def rt_params():
-    from workers.workloads import registry
+    from clockq.jobs import workloads
 
-    return registry.validate("synthetic", {"steps": 1, "step_ms": 1.0, "state_kb": 0}, is_staff=False)
+    return workloads.validate("synthetic", {"steps": 1, "step_ms": 1.0, "state_kb": 0}, is_staff=False)
 
 
 def run_rt_sequence(args, label: str, owner, workers: list[Service], rng: random.Random, busy_ids: list[int]) -> Phase:
     """RT jobs one at a time; each waits for the one before to finish and the busy jobs to run."""
-    from webapp.models import Job
-    from webapp.services import submit_job
+    from clockq.jobs.models import Job
+    from clockq.jobs.services import submit_job
 
     params = rt_params()
     phase = Phase(label)
@@ -258,11 +235,11 @@ def run_rt_sequence(args, label: str, owner, workers: list[Service], rng: random
 
 def start_busy_jobs(args, owner, workers: list[Service]) -> list[int]:
     """One long busy-tier job per GPU, all running (and past their first restore) on return."""
-    from webapp.models import Job, Slice
-    from webapp.services import submit_job
-    from workers.workloads import registry
+    from clockq.jobs import workloads
+    from clockq.jobs.models import Job, Slice
+    from clockq.jobs.services import submit_job
 
-    params = registry.validate(
+    params = workloads.validate(
         "synthetic",
         {
             "steps": BUSY_STEPS,
@@ -297,8 +274,8 @@ def start_busy_jobs(args, owner, workers: list[Service]) -> list[int]:
 
 def stop_busy_jobs(ids: list[int], workers: list[Service]) -> None:
     """Cancel the busy jobs; their workers notice at the next step. Then the GPUs are idle."""
-    from webapp.models import Job
-    from webapp.services import ActionRefused, cancel_job
+    from clockq.jobs.models import Job
+    from clockq.jobs.services import ActionRefused, cancel_job
 
     for job in Job.objects.filter(pk__in=ids):
         with contextlib.suppress(ActionRefused):
@@ -316,7 +293,7 @@ def stop_busy_jobs(ids: list[int], workers: list[Service]) -> None:
 
 
 def collect(phase: Phase, signals: SignalLog) -> None:
-    from webapp.models import Job, Slice
+    from clockq.jobs.models import Job, Slice
 
     rows = Job.objects.filter(pk__in=phase.ids).values("pk", "submitted_at", "first_started_at")
     by_id = {r["pk"]: r for r in rows}
@@ -347,15 +324,23 @@ class BusyCheck:
 
 
 def check_busy(args, busy: Phase, busy_ids: list[int], t1, signals: SignalLog) -> BusyCheck:
-    from webapp.models import Job, JobEvent, Slice
+    from clockq.jobs.models import Job, JobEvent, Slice
 
     rt_rows = {r["pk"]: r for r in Job.objects.filter(pk__in=busy.ids).values("pk", "submitted_at", "first_started_at")}
     t0 = min(r["submitted_at"] for r in rt_rows.values())  # the first measured submission
 
     fields = (
-        "job_id", "gpu_index", "started_at", "ended_at", "used_ms", "outcome", "restore_ms", "checkpoint_ms",
-        "planned_ms", "plan_reason",
-    )  # fmt: skip
+        "job_id",
+        "gpu_index",
+        "started_at",
+        "ended_at",
+        "used_ms",
+        "outcome",
+        "restore_ms",
+        "checkpoint_ms",
+        "planned_ms",
+        "plan_reason",
+    )
     busy_slices = list(Slice.objects.filter(job_id__in=busy_ids, ended_at__gte=t0, started_at__lte=t1).values(*fields))
     yields = defaultdict(list)
     for job_id, at in JobEvent.objects.filter(job_id__in=busy_ids, from_state="running", to_state="queued").values_list(

@@ -36,7 +36,7 @@ that add up to it exactly, in the order they happen:
 
     decide      boundary read of the job row, queue lengths from Redis, BEGIN, the CAS read and update
                 of the requeue transition  (A's running->queued JobEvent.at - compute end - checkpoint)
-    checkpoint  state_dict, SHA-256, write, fsync, rename, directory fsync  (A.checkpoint_ms)
+    checkpoint  state_dict, CRC-32, write, fsync, rename, directory fsync  (A.checkpoint_ms)
     record      JobEvent insert and job re-read, up to A.ended_at
     commit      Slice insert, COMMIT, publish of A's requeue message, task return, result to
                 the pool's parent, ack  (A.ended_at -> A's Celery task-succeeded event)
@@ -61,11 +61,9 @@ import bisect
 import itertools
 import math
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import defaultdict
@@ -73,9 +71,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from _harness import EventLog, RedisServer, Service, Summary, clockq_env, filesystem_of, wait_for
+from _harness import ROOT, EventLog, Service, Summary, filesystem_of, private_clockq, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 HALF_MS_TRUNCATION = 0.5  # Slice.used_ms is stored as int(ms)
 
 CLOCKQ_PHASES = ("decide", "checkpoint", "record", "commit", "fetch", "claim", "start", "restore")
@@ -116,51 +113,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="clockq-switch-cost-", dir=args.tmp_dir))
-    services: list[Service] = []
-    events: EventLog | None = None
     started = time.monotonic()
     try:
-        broker = RedisServer(work)
-        services.append(broker)
-        broker.start()
-        # BENCH_BROKER_URL is read by _bare_app; no overhead stretching, so that every boundary
-        # is a switch at the slice length asked for.
-        env = clockq_env(work, broker.url, BENCH_BROKER_URL=broker.url, CLOCKQ_GPUS="sim:1", CLOCKQ_OVERHEAD_BUDGET="0")
-        bare_app = setup_django_and_bare_app()
-        notes = compare_broker_settings(bare_app)
-        events = EventLog(bare_app.app).start()
+        # No overhead stretching, so that every boundary is a switch at the slice length asked for.
+        with private_clockq(
+            "clockq-switch-cost-", tmp_dir=args.tmp_dir, keep=args.keep, CLOCKQ_GPUS="sim:1", CLOCKQ_OVERHEAD_BUDGET="0"
+        ) as stack:
+            stack.setenv(BENCH_BROKER_URL=stack.broker_url)  # read by _bare_app at import
+            import _bare_app as bare_app
 
-        bare = run_bare(bare_app, args, env, work, services, events)
-        clockq_runs, probed = run_clockq(args, env, work, services, events)
+            notes = compare_broker_settings(bare_app)
+            events = EventLog(bare_app.app).start()
+            try:
+                bare = run_bare(bare_app, args, stack.env, stack.work, stack.services, events)
+                clockq_runs, probed = run_clockq(args, stack.env, stack.work, stack.services, events)
+            finally:
+                events.stop()
     except (TimeoutError, RuntimeError, subprocess.SubprocessError) as exc:
         print(f"switch_cost: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if events is not None:
-            events.stop()
-        for service in reversed(services):
-            service.stop()
-        if args.keep:
-            print(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
-    report(args, work, bare, clockq_runs, probed, notes, time.monotonic() - started)
+    report(args, stack.work, bare, clockq_runs, probed, notes, time.monotonic() - started)
     return 0
 
 
 # --- setup ----------------------------------------------------------------------------------
-
-
-def setup_django_and_bare_app():
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
-    import _bare_app  # reads BENCH_BROKER_URL at import
-
-    return _bare_app
 
 
 def compare_broker_settings(bare_app) -> list[str]:
@@ -300,7 +277,8 @@ def run_clockq(
 ) -> tuple[list[Measured], Probed | None]:
     from django.contrib.auth import get_user_model
 
-    from webapp.models import QueueTier
+    from clockq.bus.heartbeat import KEY_PREFIX
+    from clockq.jobs.models import QueueTier
     from workers.gpus import simulated_gpus
     from workers.launch import gpu_worker_env
 
@@ -315,7 +293,7 @@ def run_clockq(
             worker_argv(app_module, hostname),
             worker_env,
             work / log_name,
-            lambda: client.exists(f"clockq:worker:{hostname}"),
+            lambda: client.exists(KEY_PREFIX + hostname),
             services,
             events,
             hostname,
@@ -343,16 +321,16 @@ def run_clockq_pair(
     args, state_kb: int, owner, worker: Service, events: EventLog
 ) -> tuple[list[SwitchTimes], list[str]]:
     """Two synthetic SP jobs sharing the one GPU, run to the end; their switches."""
-    from webapp.models import Job, JobEvent, Slice
-    from webapp.services import submit_job
-    from workers.workloads import registry
+    from clockq.jobs import workloads
+    from clockq.jobs.models import Job, JobEvent, Slice
+    from clockq.jobs.services import submit_job
 
     # Enough steps for each job to give (switches + warmup) / 2 slices and a few more.
     slices_per_job = math.ceil((args.switches + args.warmup) / 2) + 3
     steps = math.ceil(slices_per_job * args.slice_ms / args.step_ms)
     # gpu_util 0.45 makes the slice formula give exactly the base slice (0.9 would give 1.2x).
     spec = {"steps": steps, "step_ms": args.step_ms, "state_kb": state_kb, "gpu_util": 0.45}
-    params = registry.validate("synthetic", spec, is_staff=False)
+    params = workloads.validate("synthetic", spec, is_staff=False)
     jobs = [
         submit_job(owner=owner, name=f"switch-{state_kb}kb-{x}", tier_code="SP", workload="synthetic", params=params)
         for x in "ab"

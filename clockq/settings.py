@@ -38,6 +38,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "django_celery_beat",
+    "clockq",  # management commands that act on the whole system (runstack, ensureadmin)
+    "clockq.jobs",
     "webapp",
     "workers",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
@@ -19,27 +21,27 @@ def redis_server(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def _point_at_private_redis(redis_server):
     """Every test process talks to the private Redis, never to one it did not start."""
+    from clockq.bus.client import client
     from clockq.celery import app
-    from workers import broker
 
     django_settings.REDIS_URL = redis_server.url
     app.conf.broker_url = redis_server.url
-    broker.client.cache_clear()
+    client.cache_clear()
     yield
 
 
 @pytest.fixture(autouse=True)
 def _clean_slate(request, redis_server, tmp_path, settings):
-    from workers import broker
+    from clockq.bus.client import client
 
-    broker.client().flushall()
+    client().flushall()
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins
     settings.CLOCKQ_CHECKPOINT_DIR = tmp_path / "checkpoints"
     marker = request.node.get_closest_marker("django_db")
     if marker or {"db", "transactional_db"} & set(request.fixturenames):
         # Transactional tests flush every table, the seeded tiers included.
-        from webapp.models import QueueTier
-        from webapp.tiers import ensure_default_tiers
+        from clockq.jobs.models import QueueTier
+        from clockq.jobs.tiers import ensure_default_tiers
 
         wants_tx = (marker and marker.kwargs.get("transaction")) or "transactional_db" in request.fixturenames
         request.getfixturevalue("transactional_db" if wants_tx else "db")
@@ -96,3 +98,33 @@ def start_workers(transactional_db, redis_server, settings, tmp_path):
         # Shown only when the test fails.
         print(f"--- {workers.log_path.name} (tail) ---")
         print(workers.log_path.read_text(errors="replace")[-6000:])
+
+
+class LogRecords(logging.Handler):
+    """Records what a logger emits. clockq's loggers do not propagate (settings.LOGGING), so
+    caplog would miss them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    @property
+    def warnings(self) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno == logging.WARNING]
+
+
+@pytest.fixture
+def log_records():
+    return LogRecords()
+
+
+@pytest.fixture
+def telemetry_log(log_records):
+    """What the `clockq.telemetry` logger (probes, sampler, GPU sample publishing) emits."""
+    logger = logging.getLogger("clockq.telemetry")
+    logger.addHandler(log_records)
+    yield log_records
+    logger.removeHandler(log_records)

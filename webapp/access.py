@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from webapp.models import Job
+from clockq.jobs.models import Job
 
 
 def visible_jobs(user) -> QuerySet[Job]:

@@ -7,9 +7,9 @@ from django.contrib import admin, messages
 from django.forms.models import BaseInlineFormSet
 from django.utils import timezone
 
-from webapp import services
-from webapp.models import Job, JobEvent, QueueTier, Slice
-from workers.workloads import registry
+from clockq.jobs import services
+from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
+from webapp.forms import JobSubmitForm
 
 
 @admin.register(QueueTier)
@@ -71,35 +71,16 @@ class JobEventInline(admin.TabularInline):
     max_num = 0
 
 
-class JobAddForm(forms.ModelForm):
-    workload = forms.ChoiceField(choices=())
+class JobAddForm(JobSubmitForm, forms.ModelForm):
+    """The submit form's fields and checks, plus the owner; only staff reach the admin, so
+    staff-only workloads are allowed. The admin saves it through services.submit_job."""
 
     class Meta:
         model = Job
-        fields = ["owner", "name", "tier", "workload", "params", "deadline", "gpu_mem_mib"]
+        fields = ["owner"]
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["workload"].choices = [(n, n) for n in registry.available()]
-
-    def clean_deadline(self):
-        deadline = self.cleaned_data.get("deadline")
-        if deadline and deadline <= timezone.now():
-            raise forms.ValidationError("The deadline must be in the future.")
-        return deadline
-
-    def clean(self):
-        cleaned = super().clean()
-        workload, params = cleaned.get("workload"), cleaned.get("params")
-        if workload:
-            try:
-                # Only staff reach the admin, so staff-only workloads are allowed here.
-                cleaned["params"] = registry.validate(workload, params or {}, is_staff=True)
-            except registry.UnknownWorkload as exc:
-                self.add_error("workload", str(exc))
-            except registry.ParamsError as exc:
-                self.add_error("params", "; ".join(f"{k}: {v}" for k, v in exc.errors.items()))
-        return cleaned
+    def submitter_is_staff(self) -> bool:
+        return True
 
 
 class JobChangeForm(forms.ModelForm):
@@ -201,7 +182,11 @@ class JobAdmin(admin.ModelAdmin):
         return f"{job.progress:.0%}"
 
     def get_form(self, request, obj=None, **kwargs):
-        kwargs["form"] = JobAddForm if obj is None else JobChangeForm
+        if obj is None:
+            # Only the owner is a model field here; the rest are the submit form's own fields.
+            kwargs.update(form=JobAddForm, fields=JobAddForm.Meta.fields)
+        else:
+            kwargs["form"] = JobChangeForm
         return super().get_form(request, obj, **kwargs)
 
     def get_readonly_fields(self, request, obj=None):
@@ -209,7 +194,7 @@ class JobAdmin(admin.ModelAdmin):
 
     def get_fields(self, request, obj=None):
         if obj is None:
-            return JobAddForm.Meta.fields
+            return list(JobAddForm.base_fields)
         return ["name", "deadline", *self.readonly_fields]
 
     def get_inlines(self, request, obj):
@@ -221,16 +206,8 @@ class JobAdmin(admin.ModelAdmin):
             # update of progress or state is never overwritten by a stale form.
             Job.objects.filter(pk=obj.pk).update(name=obj.name, deadline=obj.deadline)
             return
-        cd = form.cleaned_data
         job = services.submit_job(
-            owner=cd["owner"],
-            name=cd["name"],
-            tier_code=cd["tier"].code,
-            workload=cd["workload"],
-            params=cd["params"],
-            deadline=cd["deadline"],
-            gpu_mem_mib=cd.get("gpu_mem_mib"),
-            actor=request.user.get_username(),
+            owner=form.cleaned_data["owner"], actor=request.user.get_username(), **form.submission()
         )
         obj.pk = job.pk
 

@@ -10,13 +10,13 @@ from rest_framework.exceptions import ParseError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 
+from clockq.bus import heartbeat
+from clockq.jobs import services
+from clockq.jobs.models import Job, QueueTier
 from clockq.policy.states import JobState
-from webapp import services
 from webapp.access import visible_jobs
 from webapp.forms import JobSubmitForm
-from webapp.models import Job, QueueTier
 from webapp.serializers import EventSerializer, JobSerializer, SliceSerializer
-from workers import heartbeat
 
 SUBMIT_FIELDS = {"name", "tier", "workload", "params", "deadline", "gpu_mem_mib"}
 

@@ -7,8 +7,8 @@ import json
 from django import forms
 from django.utils import timezone
 
+from clockq.jobs import workloads
 from clockq.policy.tiers import TIER_CODES
-from workers.workloads import registry
 
 MAX_PARAMS_BYTES = 16 * 1024
 
@@ -20,22 +20,32 @@ class JobSubmitForm(forms.Form):
     params = forms.JSONField(required=False, initial=dict, widget=forms.Textarea(attrs={"rows": 4}))
     deadline = forms.DateTimeField(required=False, help_text="Optional; ISO 8601, e.g. 2030-01-31T18:00:00Z")
     gpu_mem_mib = forms.IntegerField(
-        required=False, min_value=1, max_value=4 * 2**20, label="GPU memory (MiB)",
+        required=False,
+        min_value=1,
+        max_value=4 * 2**20,
+        label="GPU memory (MiB)",
         help_text="Optional; the job only starts on a GPU with this much free memory.",
-    )  # fmt: skip
+    )
 
     def __init__(self, *args, user=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.user = user
-        self.fields["workload"].choices = [(name, name) for name in registry.available()]
+        self.fields["workload"].choices = [(name, name) for name in workloads.available()]
+
+    def submitter_is_staff(self) -> bool:
+        return bool(self.user and self.user.is_staff)
 
     def submission(self) -> dict:
         """The cleaned input as keyword arguments for services.submit_job."""
         cd = self.cleaned_data
         return {
-            "name": cd["name"], "tier_code": cd["tier"], "workload": cd["workload"], "params": cd["params"],
-            "deadline": cd["deadline"], "gpu_mem_mib": cd.get("gpu_mem_mib"),
-        }  # fmt: skip
+            "name": cd["name"],
+            "tier_code": cd["tier"],
+            "workload": cd["workload"],
+            "params": cd["params"],
+            "deadline": cd["deadline"],
+            "gpu_mem_mib": cd.get("gpu_mem_mib"),
+        }
 
     def clean_params(self):
         params = self.cleaned_data.get("params")
@@ -55,13 +65,10 @@ class JobSubmitForm(forms.Form):
         cleaned = super().clean()
         workload = cleaned.get("workload")
         if workload and "params" in cleaned:
-            is_staff = bool(self.user and self.user.is_staff)
             try:
-                cleaned["params"] = registry.validate(workload, cleaned["params"], is_staff=is_staff)
-            except registry.UnknownWorkload as exc:
+                cleaned["params"] = workloads.validate(workload, cleaned["params"], is_staff=self.submitter_is_staff())
+            except (workloads.UnknownWorkload, PermissionError) as exc:
                 self.add_error("workload", str(exc))
-            except PermissionError as exc:
-                self.add_error("workload", str(exc))
-            except registry.ParamsError as exc:
+            except workloads.ParamsError as exc:
                 self.add_error("params", "; ".join(f"{k}: {v}" for k, v in exc.errors.items()))
         return cleaned

@@ -12,19 +12,20 @@ import redis
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
-from workers import broker, telemetry
+from clockq.bus import gpu_samples
+from clockq.bus.client import client
 
 
 @api_view(["GET"])
 def gpus(request):
     try:
-        samples = telemetry.cluster_samples(broker.client())
+        samples = gpu_samples.cluster_samples(client())
     except redis.RedisError as exc:
         return Response({"detail": f"broker unavailable: {type(exc).__name__}"}, status=503)
     return Response(
         {
             "gpus": [sample.to_dict() for sample in samples],
-            "stale_after_s": telemetry.TTL_S,
+            "stale_after_s": gpu_samples.TTL_S,
             "now": time.time(),
         }
     )

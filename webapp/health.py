@@ -6,7 +6,8 @@ from django.db import connection
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
-from workers import broker, heartbeat, telemetry
+from clockq.bus import gpu_samples, heartbeat
+from clockq.bus.client import client, ping
 
 
 @require_GET
@@ -18,7 +19,7 @@ def healthz(request):
         checks["database"] = {"ok": True}
     except Exception as exc:
         checks["database"] = {"ok": False, "error": str(exc)[:200]}
-    checks["broker"] = {"ok": broker.ping()}
+    checks["broker"] = {"ok": ping()}
     gpu_workers = []
     if checks["broker"]["ok"]:
         try:
@@ -37,7 +38,7 @@ def _gpu_errors(checks: dict) -> dict[str, str]:
     if not checks["broker"]["ok"]:
         return {}
     try:
-        samples = telemetry.cluster_samples(broker.client())
+        samples = gpu_samples.cluster_samples(client())
     except Exception:
         return {}
     return {f"gpu{s.gpu_index}@{s.host}": s.error for s in samples if s.error}

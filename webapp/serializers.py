@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from webapp.models import Job, JobEvent, Slice
+from clockq.jobs.models import Job, JobEvent, Slice
 
 
 class SliceSerializer(serializers.ModelSerializer):

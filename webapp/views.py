@@ -8,7 +8,7 @@ from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from webapp import services
+from clockq.jobs import services
 from webapp.access import visible_jobs
 from webapp.forms import JobSubmitForm
 

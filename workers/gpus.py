@@ -66,6 +66,7 @@ def discover(setting: str | list[int], sim_memory_mib: list[int] | None = None) 
             log.warning("NVML found no GPU; using %s simulated GPUs", DEFAULT_SIMULATED)
             return simulated_gpus(DEFAULT_SIMULATED, sim_memory_mib)
         return real
+    assert not isinstance(setting, str)  # "auto" and "sim:N" were handled above
     by_index = {g.index: g for g in real}
     missing = [i for i in setting if i not in by_index]
     if missing:

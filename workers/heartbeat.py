@@ -1,12 +1,8 @@
-"""Worker liveness in Redis: each GPU worker refreshes a key with a short TTL.
-
-/healthz and /api/queues read these keys; they work across hosts because every host shares
-the broker. Celery's own `inspect ping` would need a broadcast round trip per request.
-"""
+"""Each worker process announces that it is alive (clockq.bus.heartbeat); a GPU worker's parent
+also publishes its GPU's telemetry while idle (the pool process publishes while a slice runs)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -15,18 +11,14 @@ import time
 
 import redis
 
-from workers import broker, telemetry
+from clockq.bus import gpu_samples, heartbeat
+from clockq.bus.client import client
+from workers.probes import Probe
 
 log = logging.getLogger("clockq.heartbeat")
 
-KEY_PREFIX = "clockq:worker:"
-INTERVAL_S = 5
-TTL_S = 15
 
-
-def start(hostname: str, gpu_index: int | None, probe: telemetry.Probe | None = None) -> threading.Thread:
-    """Refresh this worker's key; a GPU worker also publishes its GPU's telemetry while idle
-    (the pool process publishes while a slice runs)."""
+def start(hostname: str, gpu_index: int | None, probe: Probe | None = None) -> threading.Thread:
     info = {
         "hostname": hostname,
         "gpu": gpu_index,
@@ -38,21 +30,13 @@ def start(hostname: str, gpu_index: int | None, probe: telemetry.Probe | None = 
     def beat() -> None:
         while True:
             try:
-                broker.client().set(KEY_PREFIX + hostname, json.dumps(info), ex=TTL_S)
+                heartbeat.announce(client(), info)
                 if probe is not None:
-                    telemetry.publish(broker.client(), probe.sample(), only_if_absent=True)
+                    gpu_samples.publish(client(), probe.sample(), only_if_absent=True)
             except redis.RedisError as exc:
                 log.warning("heartbeat for %s failed: %s", hostname, exc)
-            time.sleep(INTERVAL_S)
+            time.sleep(heartbeat.INTERVAL_S)
 
     thread = threading.Thread(target=beat, name="clockq-heartbeat", daemon=True)
     thread.start()
     return thread
-
-
-def live_workers() -> list[dict]:
-    r = broker.client()
-    keys = sorted(r.scan_iter(match=KEY_PREFIX + "*", count=500))
-    if not keys:
-        return []
-    return [json.loads(raw) for raw in r.mget(keys) if raw is not None]

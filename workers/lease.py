@@ -11,8 +11,8 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
+from clockq.jobs.models import Job
 from clockq.policy.states import JobState
-from webapp.models import Job
 
 log = logging.getLogger("clockq.lease")
 

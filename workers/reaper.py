@@ -8,10 +8,10 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from clockq.jobs.models import Job, Slice
+from clockq.jobs.transitions import transition
 from clockq.policy.slicing import SliceOutcome
 from clockq.policy.states import JobState
-from webapp.models import Job, Slice
-from webapp.transitions import transition
 
 log = logging.getLogger("clockq.reaper")
 

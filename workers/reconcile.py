@@ -16,10 +16,10 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from clockq.bus import queues
+from clockq.jobs.models import Job, QueueTier
+from clockq.jobs.transitions import transition
 from clockq.policy.states import JobState
-from webapp.models import Job, QueueTier
-from webapp.transitions import transition
-from workers import broker
 
 log = logging.getLogger("clockq.reconcile")
 
@@ -38,13 +38,13 @@ def reconcile_queued_jobs() -> int:
     )
     if not candidates:
         return 0
-    queues = list(QueueTier.objects.order_by("rank").values_list("queue_name", flat=True))
-    in_flight = broker.recently_delivered(settings.CLOCKQ_REDISPATCH_GRACE_S)
-    lengths = dict(zip(queues, broker.waiting_by_rank(queues), strict=True))
+    tier_queues = list(QueueTier.objects.order_by("rank").values_list("queue_name", flat=True))
+    in_flight = queues.recently_delivered(settings.CLOCKQ_REDISPATCH_GRACE_S)
+    lengths = dict(zip(tier_queues, queues.waiting_by_rank(tier_queues), strict=True))
     wanted = Counter(queue for _id, _token, queue, _at in candidates)
 
     present: set[tuple[int, str]] = set()
-    for queue in queues:
+    for queue in tier_queues:
         present |= in_flight.get(queue, set())
         if not wanted[queue]:
             continue
@@ -53,7 +53,7 @@ def reconcile_queued_jobs() -> int:
             # messages could mask a missing one for a while; it is found once they drain.
             present.update((job_id, token) for job_id, token, q, _ in candidates if q == queue)
             continue
-        present.update(broker.queued_messages(queue))
+        present.update(queues.queued_messages(queue))
 
     redispatched = 0
     for job_id, token, queue, enqueued_at in candidates:
@@ -85,8 +85,13 @@ def time_out_overdue_jobs() -> int:
     timed_out = 0
     for job_id, state in overdue.values_list("id", "state"):
         changed = transition(
-            job_id, to=JobState.TIMED_OUT, expect={JobState(state)}, rotate_token=True,
-            reason=f"deadline passed while {state}", actor="reconciler", updates={"finished_at": now},
-        )  # fmt: skip
+            job_id,
+            to=JobState.TIMED_OUT,
+            expect={JobState(state)},
+            rotate_token=True,
+            reason=f"deadline passed while {state}",
+            actor="reconciler",
+            updates={"finished_at": now},
+        )
         timed_out += changed is not None
     return timed_out

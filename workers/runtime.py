@@ -11,11 +11,16 @@ from functools import cached_property
 
 from django.conf import settings
 
+from clockq.bus import signals
+from clockq.bus.client import client
+from clockq.bus.gpu_samples import Publisher
+from clockq.jobs.models import QueueTier
 from clockq.policy.slicing import ewma
-from webapp.models import QueueTier
-from workers import broker, shutdown, signals, telemetry
+from workers import shutdown
 from workers.checkpoints import CheckpointStore
 from workers.lease import LeaseKeeper
+from workers.probes import NvmlProbe, SimulatedProbe, make_probe
+from workers.sampler import SliceSampler
 from workers.warm_cache import WarmCache
 from workers.workloads.base import Workload
 
@@ -84,7 +89,7 @@ class Runtime:
         if self.made_way_for_rt:
             self.made_way_for_rt = False
         elif rank == 0:
-            signals.take_rt_job(broker.client())
+            signals.take_rt_job(client())
 
     def note_switch_in(self, first_step_at: float, restore_ms: float) -> None:
         """Called as a job's first step starts: if the previous task yielded, the GPU has been
@@ -99,16 +104,16 @@ class Runtime:
             self.switch_overhead_ms = ewma(self.switch_overhead_ms, max(gap_ms - checkpoint_ms - restore_ms, 0.0))
 
     @cached_property
-    def probe(self):
-        return telemetry.make_probe(self.identity.gpu_index, self.identity.simulated, self.identity.memory_total_mib)
+    def probe(self) -> NvmlProbe | SimulatedProbe:
+        return make_probe(self.identity.gpu_index, self.identity.simulated, self.identity.memory_total_mib)
 
     @cached_property
-    def sampler(self) -> telemetry.SliceSampler:
-        return telemetry.SliceSampler(self.probe, interval_s=settings.CLOCKQ_SAMPLE_EVERY_S)
+    def sampler(self) -> SliceSampler:
+        return SliceSampler(self.probe, interval_s=settings.CLOCKQ_SAMPLE_EVERY_S)
 
     @cached_property
-    def publisher(self) -> telemetry.Publisher:
-        return telemetry.Publisher(broker.client())
+    def publisher(self) -> Publisher:
+        return Publisher(client())
 
     @cached_property
     def leases(self) -> LeaseKeeper:
@@ -120,7 +125,7 @@ class Runtime:
 
     def probe_load(self, workload: Workload | None) -> None:
         """Tell a simulated GPU what the running workload declares (real GPUs measure it)."""
-        if isinstance(self.probe, telemetry.SimulatedProbe):
+        if isinstance(self.probe, SimulatedProbe):
             self.probe.set_load(workload.declared_gpu_util() if workload is not None else None)
 
     @staticmethod

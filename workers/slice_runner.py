@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import transaction
@@ -23,9 +24,14 @@ from django.db.models import Count, F
 from django.utils import timezone
 from redis import RedisError
 
+from clockq.bus import queues, signals
+from clockq.bus.client import client
+from clockq.jobs.models import Job, JobEvent, Slice
+from clockq.jobs.transitions import transition
 from clockq.policy.slicing import (
     Boundary,
     BoundaryAction,
+    PendingAction,
     SliceOutcome,
     SlicePlan,
     decide_at_boundary,
@@ -34,9 +40,6 @@ from clockq.policy.slicing import (
     waiting_ahead,
 )
 from clockq.policy.states import JobState
-from webapp.models import Job, JobEvent, Slice
-from webapp.transitions import transition
-from workers import broker, signals
 from workers.lease import lease_until
 from workers.runtime import Runtime, TierInfo
 from workers.workloads import registry
@@ -45,10 +48,49 @@ from workers.workloads.base import RunContext, Workload
 log = logging.getLogger("clockq.slices")
 
 RUNNING = JobState.RUNNING
-_JOB_FIELDS = (
-    "id", "state", "dispatch_token", "enqueued_at", "deadline", "first_started_at", "tier_id", "workload", "params",
-    "progress", "checkpoint_generation", "util_ewma", "switch_cost_ms", "gpu_mem_mib",
-)  # fmt: skip
+
+
+class RunOutcome(StrEnum):
+    """What became of one dispatch message, as the task returns it (Celery logs it)."""
+
+    MALFORMED = "malformed"  # not a (job id, token) pair; dropped
+    STALE = "stale"  # the job is not queued with this token, or cannot run here now
+    SUCCEEDED = "succeeded"
+    YIELDED = "yielded"  # checkpointed and back in its queue
+    HELD = "held"
+    TIMED_OUT = "timed_out"
+    RETRYING = "retrying"  # the workload raised; back in its queue from the last checkpoint
+    FAILED = "failed"  # the workload raised once too often
+    LOST_OWNERSHIP = "lost-ownership"  # cancelled or taken back by the reaper while running
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """What a worker reads about a job when it claims it; the rest stays in the database."""
+
+    id: int
+    dispatch_token: str
+    tier_id: int
+    workload: str
+    params: dict[str, Any]
+    deadline: datetime | None
+    progress: float
+    checkpoint_generation: int
+    util_ewma: float | None
+    switch_cost_ms: float | None
+
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "id",
+        "dispatch_token",
+        "tier_id",
+        "workload",
+        "params",
+        "deadline",
+        "progress",
+        "checkpoint_generation",
+        "util_ewma",
+        "switch_cost_ms",
+    )
 
 
 @dataclass
@@ -63,6 +105,14 @@ class SliceRecord:
     gpu_util: float | None = None
     cut_short: bool = False  # ended at a step by an interrupt, before its time was up
     compute_end: float = 0.0  # perf_counter when its last step ended
+
+
+# Where a job goes when it leaves the GPU without finishing, and what the run reports.
+_LEAVE_GPU: dict[BoundaryAction, tuple[JobState, RunOutcome]] = {
+    BoundaryAction.YIELD: (JobState.QUEUED, RunOutcome.YIELDED),
+    BoundaryAction.HOLD: (JobState.HELD, RunOutcome.HELD),
+    BoundaryAction.TIME_OUT: (JobState.TIMED_OUT, RunOutcome.TIMED_OUT),
+}
 
 
 class LostOwnership(Exception):
@@ -83,79 +133,91 @@ def workload_errors() -> Iterator[None]:
         raise SliceFailed(repr(exc)) from exc
 
 
-def run_dispatch(job_id: int, token: str, runtime: Runtime) -> str:
-    """Handle one dispatch message. Returns a short word saying what happened, for logs."""
+def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
+    """Handle one dispatch message."""
     t0 = time.perf_counter()
     job = claim_job(job_id, token, runtime)
     if job is None:
-        return "stale"
+        return RunOutcome.STALE
     return JobRun(job, runtime, claim_ms=(time.perf_counter() - t0) * 1000).run()
 
 
-def claim_job(job_id: int, token: str, runtime: Runtime) -> dict[str, Any] | None:
+def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
     """Take a queued job for this worker. None if the message is stale, or the job cannot run
     here (its deadline passed, or it does not fit in this GPU's free memory)."""
-    job = Job.objects.filter(pk=job_id).values(*_JOB_FIELDS).first()
-    if job is None or job["state"] != JobState.QUEUED or job["dispatch_token"] != token:
+    row = (
+        Job.objects.filter(pk=job_id)
+        .values(*ClaimedJob.FIELDS, "state", "enqueued_at", "first_started_at", "gpu_mem_mib")
+        .first()
+    )
+    if row is None or row["state"] != JobState.QUEUED or row["dispatch_token"] != token:
         log.info("job %s: dropping stale message (token %s)", job_id, token[:8])
         return None
     now = timezone.now()
     worker = runtime.identity
-    if job["deadline"] and now >= job["deadline"]:
+    if row["deadline"] and now >= row["deadline"]:
         transition(
-            job_id, to=JobState.TIMED_OUT, expect={JobState.QUEUED}, token=token,
-            reason="deadline passed before the job could start", actor=worker.hostname, updates={"finished_at": now},
-        )  # fmt: skip
+            job_id,
+            to=JobState.TIMED_OUT,
+            expect={JobState.QUEUED},
+            token=token,
+            reason="deadline passed before the job could start",
+            actor=worker.hostname,
+            updates={"finished_at": now},
+        )
         return None
-    if not _fits(job, runtime):
+    if not _fits(job_id, token, row["gpu_mem_mib"], runtime):
         return None
-    waited_ms = max(int((now - job["enqueued_at"]).total_seconds() * 1000), 0) if job["enqueued_at"] else 0
+    waited_ms = max(int((now - row["enqueued_at"]).total_seconds() * 1000), 0) if row["enqueued_at"] else 0
     changed = transition(
-        job_id, to=RUNNING, expect={JobState.QUEUED}, token=token,
-        reason=f"claimed on GPU {worker.gpu_index}", actor=worker.hostname,
+        job_id,
+        to=RUNNING,
+        expect={JobState.QUEUED},
+        token=token,
+        reason=f"claimed on GPU {worker.gpu_index}",
+        actor=worker.hostname,
         updates={
             "worker": worker.hostname,
             "wait_ms": F("wait_ms") + waited_ms,
-            "first_started_at": job["first_started_at"] or now,
+            "first_started_at": row["first_started_at"] or now,
             "lease_expires_at": lease_until(),
             "slice_started_at": now,
             "placement_note": "",
         },
-    )  # fmt: skip
-    return job if changed else None
+    )
+    if changed is None:
+        return None
+    return ClaimedJob(**{name: row[name] for name in ClaimedJob.FIELDS})
 
 
-def _fits(job: dict[str, Any], runtime: Runtime) -> bool:
+def _fits(job_id: int, token: str, need_mib: int | None, runtime: Runtime) -> bool:
     """Whether the job's declared GPU memory fits in this GPU's free memory right now. If not,
     the job stays queued with the reason on it; the reconciler sends it out again after its
     grace period, so another GPU (or this one, once free) can take it."""
-    need = job["gpu_mem_mib"]
-    if not need:
+    if not need_mib:
         return True
     free = runtime.probe.free_memory_mib()
-    if free is None or free >= need:
+    if free is None or free >= need_mib:
         return True
-    note = f"needs {need} MiB of GPU memory; {runtime.identity.hostname} had {free} MiB free"
-    Job.objects.filter(pk=job["id"], state=JobState.QUEUED, dispatch_token=job["dispatch_token"]).update(
-        placement_note=note[:300]
-    )
-    log.info("job %s: %s; leaving it queued", job["id"], note)
+    note = f"needs {need_mib} MiB of GPU memory; {runtime.identity.hostname} had {free} MiB free"
+    Job.objects.filter(pk=job_id, state=JobState.QUEUED, dispatch_token=token).update(placement_note=note[:300])
+    log.info("job %s: %s; leaving it queued", job_id, note)
     return False
 
 
 class JobRun:
     """One claim of one job on one worker: from restore to finish, yield or failure."""
 
-    def __init__(self, job: dict[str, Any], runtime: Runtime, claim_ms: float):
+    def __init__(self, job: ClaimedJob, runtime: Runtime, claim_ms: float):
         self.job = job
-        self.job_id: int = job["id"]
-        self.rt = runtime
-        self.token: str = job["dispatch_token"]
-        self.tier: TierInfo = runtime.tiers.get(job["tier_id"])
-        self.generation: int = job["checkpoint_generation"]
-        self.progress: float = job["progress"]
-        self.util_ewma: float | None = job["util_ewma"]
-        self.switch_cost_ms: float | None = job["switch_cost_ms"]
+        self.job_id = job.id
+        self.runtime = runtime
+        self.token = job.dispatch_token
+        self.tier: TierInfo = runtime.tiers.get(job.tier_id)
+        self.generation = job.checkpoint_generation
+        self.progress = job.progress
+        self.util_ewma = job.util_ewma
+        self.switch_cost_ms = job.switch_cost_ms
         # What the database holds as the last good checkpoint; a failure rolls back to it.
         self.saved_generation = self.generation
         self.saved_progress = self.progress
@@ -163,9 +225,9 @@ class JobRun:
         self.claim_ms = claim_ms
         self.restore_ms = 0.0
 
-    def run(self) -> str:
-        self.rt.leases.hold(self.job_id, self.token)
-        self.rt.account_rt_claim(self.tier.rank)
+    def run(self) -> RunOutcome:
+        self.runtime.leases.hold(self.job_id, self.token)
+        self.runtime.account_rt_claim(self.tier.rank)
         record = self._new_record()
         workload = None
         keep_warm = False
@@ -173,49 +235,55 @@ class JobRun:
             t0 = time.perf_counter()
             workload = self._restore()
             record.restore_ms = self.restore_ms = (time.perf_counter() - t0) * 1000
-            self.rt.probe_load(workload)
-            self.rt.note_switch_in(time.perf_counter(), self.restore_ms)
+            self.runtime.probe_load(workload)
+            self.runtime.note_switch_in(time.perf_counter(), self.restore_ms)
             while True:
                 done = self._run_slice(workload, record)
                 outcome = self._at_boundary(workload, record, done)
-                if outcome != "continued":
-                    keep_warm = outcome == JobState.QUEUED
+                if outcome is not None:
+                    keep_warm = outcome == RunOutcome.YIELDED
                     return outcome
                 record = self._new_record()
         except LostOwnership as exc:
             log.info("job %s: stopping, %s", self.job_id, exc)
-            return "lost-ownership"
+            return RunOutcome.LOST_OWNERSHIP
         except SliceFailed as exc:
             return self._after_failure(exc.__cause__ or exc, record)
         finally:
-            self.rt.leases.release()
-            self.rt.probe_load(None)
-            self.rt.interrupts.clear(self.job_id)
+            self.runtime.leases.release()
+            self.runtime.probe_load(None)
+            self.runtime.interrupts.clear(self.job_id)
             if workload is not None:
                 if keep_warm:
-                    self.rt.warm.put(self.job_id, self.generation, workload, record.checkpoint_bytes)
+                    self.runtime.warm.put(self.job_id, self.generation, workload, record.checkpoint_bytes)
                 else:
-                    self.rt.warm.drop(self.job_id)
+                    self.runtime.warm.drop(self.job_id)
                     _close(workload, self.job_id)
 
     # --- the slice -------------------------------------------------------------------------
 
     def _new_record(self) -> SliceRecord:
         plan = plan_slice(
-            self.tier.base_slice_ms, self.tier.min_slice_ms, self.util_ewma, self.switch_cost_ms,
-            settings.CLOCKQ_OVERHEAD_BUDGET, settings.CLOCKQ_MAX_SLICE_MS,
-        )  # fmt: skip
+            base_ms=self.tier.base_slice_ms,
+            min_ms=self.tier.min_slice_ms,
+            avg_util=self.util_ewma,
+            switch_cost_ms=self.switch_cost_ms,
+            overhead_budget=settings.CLOCKQ_OVERHEAD_BUDGET,
+            max_ms=settings.CLOCKQ_MAX_SLICE_MS,
+        )
         return SliceRecord(timezone.now(), plan)
 
     def _restore(self) -> Workload:
-        warm = self.rt.warm.take(self.job_id, self.generation) if self.generation else None
+        warm = self.runtime.warm.take(self.job_id, self.generation) if self.generation else None
         if warm is not None:
             return warm  # the same job came back to this worker at the same generation
         with workload_errors():
-            workload = registry.create(self.job["workload"], self.job["params"])
-            workload.setup(RunContext(self.job_id, self.rt.identity.gpu_index, self.rt.store.work_dir(self.job_id)))
+            workload = registry.create(self.job.workload, self.job.params)
+            workload.setup(
+                RunContext(self.job_id, self.runtime.identity.gpu_index, self.runtime.store.work_dir(self.job_id))
+            )
         if self.generation:
-            restored = self.rt.store.restore(self.job_id, self.generation)
+            restored = self.runtime.store.restore(self.job_id, self.generation)
             if restored.generation != self.generation:
                 fallback = (
                     f"restored generation {restored.generation}"
@@ -232,11 +300,11 @@ class JobRun:
         return workload
 
     def _run_slice(self, workload: Workload, record: SliceRecord) -> bool:
-        interrupts, rank = self.rt.interrupts, self.tier.rank
+        interrupts, rank = self.runtime.interrupts, self.tier.rank
         start = time.perf_counter()
         budget_s = record.plan.ms / 1000.0
         done = False
-        self.rt.sampler.start()
+        self.runtime.sampler.start()
         try:
             with workload_errors():
                 while True:
@@ -257,59 +325,61 @@ class JobRun:
         finally:
             record.compute_end = time.perf_counter()
             record.used_ms = (record.compute_end - start) * 1000
-            stats = self.rt.sampler.stop()
+            stats = self.runtime.sampler.stop()
             record.gpu_util = stats.mean_gpu_util
             if record.gpu_util is not None:
                 self.util_ewma = ewma(self.util_ewma, record.gpu_util)
-            self.rt.publisher.maybe_publish(stats.last)
+            self.runtime.publisher.maybe_publish(stats.last)
         return done
 
     # --- the boundary ------------------------------------------------------------------------
 
-    def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> str:
+    def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> RunOutcome | None:
+        """Finish, continue (None) or leave the GPU, as the policy decides."""
         row = Job.objects.filter(pk=self.job_id).values("state", "dispatch_token", "pending_action", "tier_id").first()
         if row is None or row["state"] != RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
-        self.rt.interrupts.clear(self.job_id)
+        self.runtime.interrupts.clear(self.job_id)
         if row["tier_id"] != self.tier.id:  # promoted (or moved by an operator) while running
-            self.tier = self.rt.tiers.get(row["tier_id"])
+            self.tier = self.runtime.tiers.get(row["tier_id"])
         decision = decide_at_boundary(
             Boundary(
                 done=done,
                 job_rank=self.tier.rank,
                 waiting_by_rank=[] if done else self._waiting_by_rank(self.tier.rank, record.cut_short),
-                pending_action=row["pending_action"],
-                past_deadline=bool(self.job["deadline"] and timezone.now() >= self.job["deadline"]),
-                shutting_down=self.rt.shutting_down(),
+                pending_action=PendingAction(row["pending_action"]),
+                past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
+                shutting_down=self.runtime.shutting_down(),
                 cut_short=record.cut_short,
             )
         )
         action = decision.action
         if action == BoundaryAction.FINISH:
-            self._end(record, SliceOutcome.COMPLETED, JobState.SUCCEEDED, decision.reason,
-                      {"finished_at": timezone.now(), "progress": 1.0})  # fmt: skip
-            return JobState.SUCCEEDED
+            self._end(
+                record,
+                SliceOutcome.COMPLETED,
+                JobState.SUCCEEDED,
+                decision.reason,
+                {"finished_at": timezone.now(), "progress": 1.0},
+            )
+            return RunOutcome.SUCCEEDED
         if action == BoundaryAction.CONTINUE:
             self._continue(workload, record)
-            return "continued"
+            return None
         self._checkpoint(workload, record)
-        target = {
-            BoundaryAction.YIELD: JobState.QUEUED,
-            BoundaryAction.HOLD: JobState.HELD,
-            BoundaryAction.TIME_OUT: JobState.TIMED_OUT,
-        }[action]
+        target, outcome = _LEAVE_GPU[action]
         # This job's switch cost, so the planner keeps its switching within the overhead budget:
         # its own checkpoint and restore, plus this worker's measured requeue-hop-claim overhead
         # (until measured, twice the claim: the requeue is a transition like it).
-        overhead = self.rt.switch_overhead_ms
+        overhead = self.runtime.switch_overhead_ms
         cost = record.checkpoint_ms + self.restore_ms + (2 * self.claim_ms if overhead is None else overhead)
         extra: dict[str, Any] = {"switch_cost_ms": ewma(self.switch_cost_ms, cost)}
         if target == JobState.TIMED_OUT:
             extra["finished_at"] = timezone.now()
         self._end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
         if target == JobState.QUEUED:
-            self.rt.last_yield = (record.compute_end, record.checkpoint_ms)
-        return target
+            self.runtime.last_yield = (record.compute_end, record.checkpoint_ms)
+        return outcome
 
     def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
         """Jobs waiting per tier. The broker's queue lengths are the cheap first look; when they
@@ -320,15 +390,15 @@ class JobRun:
         from the counter of unclaimed ones (workers/signals.py): every busy GPU heard the signal,
         and one checkpoint per RT job is enough."""
         try:
-            waiting = broker.waiting_by_rank()
+            waiting = queues.waiting_by_rank()
         except RedisError as exc:
             # With the broker down nothing can be dispatched anyway: keep the GPU busy.
             log.warning("job %s: cannot read queue lengths (%s); continuing", self.job_id, exc)
             return []
         if cut_short:
             # Of all the busy GPUs that heard the RT signal, one per RT job makes way.
-            if rank > 0 and waiting[0] and signals.take_rt_job(broker.client()):
-                self.rt.made_way_for_rt = True
+            if rank > 0 and waiting[0] and signals.take_rt_job(client()):
+                self.runtime.made_way_for_rt = True
             else:
                 waiting[0] = 0
             return waiting
@@ -362,7 +432,7 @@ class JobRun:
         t0 = time.perf_counter()
         with workload_errors():
             state = workload.state_dict()
-            record.checkpoint_bytes = self.rt.store.write(self.job_id, self.generation + 1, state)
+            record.checkpoint_bytes = self.runtime.store.write(self.job_id, self.generation + 1, state)
         record.checkpoint_ms = (time.perf_counter() - t0) * 1000
         self.generation += 1
         self.last_checkpoint_at = time.monotonic()
@@ -380,10 +450,16 @@ class JobRun:
         """Leave RUNNING, with the slice recorded in the same transaction."""
         with transaction.atomic():
             changed = transition(
-                self.job_id, to=to, expect={RUNNING}, token=self.token, reason=reason,
-                actor=self.rt.identity.hostname, rotate_token=to in (JobState.QUEUED, JobState.HELD),
-                updates={**self._progress_fields(record), **extra}, queue_name=self.tier.queue_name,
-            )  # fmt: skip
+                self.job_id,
+                to=to,
+                expect={RUNNING},
+                token=self.token,
+                reason=reason,
+                actor=self.runtime.identity.hostname,
+                rotate_token=to in (JobState.QUEUED, JobState.HELD),
+                updates={**self._progress_fields(record), **extra},
+                queue_name=self.tier.queue_name,
+            )
             if changed is None:
                 raise LostOwnership("job changed under this worker")
             self._save_slice(record, outcome)
@@ -391,8 +467,8 @@ class JobRun:
     def _save_slice(self, record: SliceRecord, outcome: SliceOutcome, ended_at: datetime | None = None) -> None:
         Slice.objects.create(
             job_id=self.job_id,
-            worker=self.rt.identity.hostname,
-            gpu_index=self.rt.identity.gpu_index,
+            worker=self.runtime.identity.hostname,
+            gpu_index=self.runtime.identity.gpu_index,
             started_at=record.started_at,
             ended_at=ended_at or timezone.now(),
             planned_ms=record.plan.ms,
@@ -408,7 +484,7 @@ class JobRun:
 
     # --- failure -----------------------------------------------------------------------------
 
-    def _after_failure(self, exc: BaseException, record: SliceRecord) -> str:
+    def _after_failure(self, exc: BaseException, record: SliceRecord) -> RunOutcome:
         error = "".join(traceback.format_exception(exc, limit=8))[-4000:]
         log.warning("job %s: workload raised %r", self.job_id, exc)
         failures = (Job.objects.filter(pk=self.job_id).values_list("failures", flat=True).first() or 0) + 1
@@ -430,14 +506,17 @@ class JobRun:
         try:
             self._end(record, SliceOutcome.FAILED, to, reason[:1000], extra)
         except LostOwnership:
-            return "lost-ownership"
-        return "failed" if give_up else "retrying"
+            return RunOutcome.LOST_OWNERSHIP
+        return RunOutcome.FAILED if give_up else RunOutcome.RETRYING
 
     def _note(self, reason: str) -> None:
         JobEvent.objects.create(
-            job_id=self.job_id, from_state=RUNNING, to_state=RUNNING, reason=reason[:2000],
-            actor=self.rt.identity.hostname,
-        )  # fmt: skip
+            job_id=self.job_id,
+            from_state=RUNNING,
+            to_state=RUNNING,
+            reason=reason[:2000],
+            actor=self.runtime.identity.hostname,
+        )
 
 
 def _close(workload: Workload, job_id: int) -> None:

@@ -82,19 +82,19 @@ class Supervisor:
 
     def _stop(self, children: list[Child]) -> None:
         """SIGTERM each child's process group, wait for a grace period, then SIGKILL."""
-        running = [c for c in children if c.proc is not None and c.proc.poll() is None]
-        for child in running:
-            _signal_group(child.proc, signal.SIGTERM)
+        running = [(c.name, c.proc) for c in children if c.proc is not None and c.proc.poll() is None]
+        for _name, proc in running:
+            _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_grace_s
-        for child in running:
+        for name, proc in running:
             try:
-                child.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in %.0f s; killing it", child.name, self.stop_grace_s)
-                _signal_group(child.proc, signal.SIGKILL)
-                child.proc.wait()
+                log.warning("%s did not stop in %.0f s; killing it", name, self.stop_grace_s)
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
             # Reap the rest of its group too (pool children left behind by a killed parent).
-            _signal_group(child.proc, signal.SIGKILL)
+            _signal_group(proc, signal.SIGKILL)
 
     def run_forever(self, poll_s: float = 0.5) -> int:
         """Start everything, supervise until SIGINT/SIGTERM or a fatal exit, then stop all."""

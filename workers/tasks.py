@@ -8,19 +8,20 @@ import re
 from celery import shared_task
 from celery.signals import worker_ready
 
-from workers import heartbeat, reaper, reconcile, runtime, shutdown, telemetry
-from workers.dispatch import RUN_SLICE_TASK
-from workers.slice_runner import run_dispatch
+from clockq.bus.dispatch import RUN_SLICE_TASK
+from workers import heartbeat, reaper, reconcile, runtime, shutdown
+from workers.probes import make_probe
+from workers.slice_runner import RunOutcome, run_dispatch
 
 log = logging.getLogger("clockq.tasks")
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 
 
 @shared_task(name=RUN_SLICE_TASK, bind=True, acks_late=True, ignore_result=True)
-def run_slice(self, job_id, token) -> str:
+def run_slice(self, job_id, token) -> RunOutcome:
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not isinstance(token, str) or not _TOKEN.match(token):
         log.error("dropping malformed dispatch message: job_id=%r token=%r", job_id, token)
-        return "malformed"
+        return RunOutcome.MALFORMED
     shutdown.ensure_handler()
     return run_dispatch(job_id, token, runtime.for_worker(self.request.hostname or "unknown"))
 
@@ -43,5 +44,5 @@ def _start_heartbeat(sender=None, **_kwargs) -> None:
     if identity.gpu_index < 0:  # the control worker
         heartbeat.start(hostname, None)
         return
-    probe = telemetry.make_probe(identity.gpu_index, identity.simulated, identity.memory_total_mib)
+    probe = make_probe(identity.gpu_index, identity.simulated, identity.memory_total_mib)
     heartbeat.start(hostname, identity.gpu_index, probe)

@@ -24,10 +24,12 @@ class BoundaryAction(StrEnum):
     TIME_OUT = "time_out"
 
 
-# What an operator asked of a running job; the worker honours it at the next boundary.
-PENDING_NONE = ""
-PENDING_HOLD = "hold"
-PENDING_REQUEUE = "requeue"
+class PendingAction(StrEnum):
+    """What an operator asked of a running job; the worker honours it at the next boundary."""
+
+    NONE = ""
+    HOLD = "hold"
+    REQUEUE = "requeue"
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class Boundary:
     done: bool
     job_rank: int
     waiting_by_rank: Sequence[int]  # messages waiting per tier rank, most urgent first
-    pending_action: str = PENDING_NONE
+    pending_action: PendingAction = PendingAction.NONE
     past_deadline: bool = False
     shutting_down: bool = False
     # The slice ended early because an RT job was announced, not because its time was up.
@@ -63,6 +65,7 @@ class SlicePlan:
 
 
 def plan_slice(
+    *,
     base_ms: int,
     min_ms: int,
     avg_util: float | None = None,
@@ -108,9 +111,9 @@ def decide_at_boundary(b: Boundary) -> Decision:
         return Decision(BoundaryAction.FINISH, "workload reported completion")
     if b.past_deadline:
         return Decision(BoundaryAction.TIME_OUT, "deadline passed while running")
-    if b.pending_action == PENDING_HOLD:
+    if b.pending_action == PendingAction.HOLD:
         return Decision(BoundaryAction.HOLD, "held by an operator")
-    if b.pending_action == PENDING_REQUEUE:
+    if b.pending_action == PendingAction.REQUEUE:
         return Decision(BoundaryAction.YIELD, "requeued by an operator")
     if b.shutting_down:
         return Decision(BoundaryAction.YIELD, "worker shutting down")

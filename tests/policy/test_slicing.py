@@ -1,10 +1,9 @@
 import pytest
 
 from clockq.policy.slicing import (
-    PENDING_HOLD,
-    PENDING_REQUEUE,
     Boundary,
     BoundaryAction,
+    PendingAction,
     decide_at_boundary,
     ewma,
     plan_slice,
@@ -23,12 +22,12 @@ from clockq.policy.slicing import (
     ],
 )
 def test_plan_slice_follows_the_specification_formula(avg_util, expected_ms):
-    assert plan_slice(50, 20, avg_util).ms == expected_ms
+    assert plan_slice(base_ms=50, min_ms=20, avg_util=avg_util).ms == expected_ms
 
 
 def test_plan_slice_never_goes_below_the_floor():
-    assert plan_slice(20, 20, 0.0).ms == 20
-    assert plan_slice(10, 20).ms == 20
+    assert plan_slice(base_ms=20, min_ms=20, avg_util=0.0).ms == 20
+    assert plan_slice(base_ms=10, min_ms=20).ms == 20
 
 
 @pytest.mark.parametrize(
@@ -54,9 +53,12 @@ def test_waiting_ahead_counts_same_and_higher_tiers(rank, waiting, ahead):
             Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 0, 0, 0], past_deadline=True),
             BoundaryAction.TIME_OUT,
         ),
-        (Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, pending_action=PENDING_HOLD), BoundaryAction.HOLD),
         (
-            Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, pending_action=PENDING_REQUEUE),
+            Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, pending_action=PendingAction.HOLD),
+            BoundaryAction.HOLD,
+        ),
+        (
+            Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, pending_action=PendingAction.REQUEUE),
             BoundaryAction.YIELD,
         ),
         (Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, shutting_down=True), BoundaryAction.YIELD),
@@ -106,3 +108,8 @@ def test_a_slice_cut_short_by_an_rt_signal_yields_only_to_rt(rank, waiting, acti
         decide_at_boundary(Boundary(done=False, job_rank=rank, waiting_by_rank=waiting, cut_short=True)).action
         == action
     )
+
+
+def test_plan_slice_takes_keyword_arguments_only():
+    with pytest.raises(TypeError):
+        plan_slice(50, 20)  # type: ignore[misc]

@@ -8,8 +8,8 @@ import json
 import pytest
 from rest_framework.authtoken.models import Token
 
+from clockq.jobs.models import Job, JobEvent
 from tests.helpers import submit
-from webapp.models import Job, JobEvent
 
 pytestmark = pytest.mark.django_db
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from clockq.jobs.models import Job
 from tests.helpers import submit
-from webapp.models import Job
 
 pytestmark = pytest.mark.django_db
 

@@ -11,17 +11,17 @@ import time
 import pytest
 from django.test import override_settings
 
+from clockq.bus.client import client
+from clockq.jobs.models import Job
 from tests.harness import wait_for
 from tests.helpers import assert_no_overlap, submit, wait_finished
-from webapp.models import Job
-from workers import broker
 from workers.reaper import reap_expired_leases
 
 pytestmark = pytest.mark.integration
 
 
 def _worker_pid(hostname: str) -> int:
-    return json.loads(broker.client().get(f"clockq:worker:{hostname}"))["pid"]
+    return json.loads(client().get(f"clockq:worker:{hostname}"))["pid"]
 
 
 @override_settings(CLOCKQ_LEASE_S=2.0)
@@ -62,11 +62,12 @@ def test_a_late_completion_from_a_lost_worker_cannot_overwrite_the_new_run(alice
     assert job.state == "queued" and job.dispatch_token != old_token
 
     # When the old worker finally reports its slice end with the token it had
+    from clockq.jobs.transitions import transition
     from clockq.policy.states import JobState
-    from webapp.transitions import transition
 
-    late = transition(job.pk, to=JobState.SUCCEEDED, expect={JobState.RUNNING}, token=old_token,
-                      reason="late", actor="gpu0@old")  # fmt: skip
+    late = transition(
+        job.pk, to=JobState.SUCCEEDED, expect={JobState.RUNNING}, token=old_token, reason="late", actor="gpu0@old"
+    )
 
     # Then it changes nothing
     assert late is None

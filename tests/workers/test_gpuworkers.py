@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
+from clockq.bus.client import client
 from tests.harness import wait_for
-from workers import broker
 from workers.gpus import Gpu
 from workers.launch import gpu_worker_argv, gpu_worker_env
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 def _heartbeat(gpu: int) -> dict | None:
-    raw = broker.client().get(f"clockq:worker:gpu{gpu}@{socket.gethostname()}")
+    raw = client().get(f"clockq:worker:gpu{gpu}@{socket.gethostname()}")
     return json.loads(raw) if raw else None
 
 

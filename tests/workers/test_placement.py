@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
+from clockq.jobs import services, workloads
+from clockq.jobs.models import Job
 from tests.harness import wait_for
 from tests.helpers import submit, wait_finished
-from webapp import services
-from webapp.models import Job
 from workers.reconcile import reconcile_queued_jobs
-from workers.workloads import registry
 
 pytestmark = pytest.mark.integration
 
@@ -18,9 +17,10 @@ SMALL_AND_LARGE = {"CLOCKQ_SIM_GPU_MEMORY_MIB": "16384,81920"}
 
 
 def submit_needing(owner, mib: int, name: str) -> Job:
-    params = registry.validate("synthetic", {"steps": 10, "step_ms": 5}, is_staff=False)
-    return services.submit_job(owner=owner, name=name, tier_code="SP", workload="synthetic", params=params,
-                               gpu_mem_mib=mib)  # fmt: skip
+    params = workloads.validate("synthetic", {"steps": 10, "step_ms": 5}, is_staff=False)
+    return services.submit_job(
+        owner=owner, name=name, tier_code="SP", workload="synthetic", params=params, gpu_mem_mib=mib
+    )
 
 
 @override_settings(CLOCKQ_REDISPATCH_GRACE_S=0)

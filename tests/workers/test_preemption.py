@@ -5,69 +5,69 @@ from __future__ import annotations
 
 import pytest
 
+from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
+from clockq.jobs.services import cancel_job
 from tests.harness import wait_for
 from tests.helpers import submit, wait_finished
-from webapp.models import Job, JobEvent, QueueTier
-from webapp.services import cancel_job
 
 pytestmark = pytest.mark.integration
 
 LONG_SLICES = {"CLOCKQ_OVERHEAD_BUDGET": "0"}
+# Slices of a minute, and jobs that would run for many: an interrupt that works ends a slice at
+# the next 10 ms step; one that did not would leave the GPU busy far past every wait below. So
+# these tests check behaviour with a margin of 100x or more, not a time budget.
+SLICE_MS = 60_000
+ENDLESS = {"steps": 1_000_000, "step_ms": 10}
 
 
 @pytest.fixture
-def sp_slices_of_500_ms(transactional_db):
-    QueueTier.objects.filter(code="SP").update(base_slice_ms=500, min_slice_ms=20)
+def sp_slices_of_a_minute(transactional_db):
+    QueueTier.objects.filter(code="SP").update(base_slice_ms=SLICE_MS, min_slice_ms=20)
 
 
-def test_rt_starts_within_a_step_on_two_busy_gpus(start_workers, alice, sp_slices_of_500_ms):
+def test_rt_starts_within_a_step_on_two_busy_gpus(start_workers, alice, sp_slices_of_a_minute):
     start_workers(gpus=2, **LONG_SLICES)
-    busy = [submit(alice, "SP", f"busy{i}", steps=200, step_ms=10) for i in range(2)]
+    busy = [submit(alice, "SP", f"busy{i}", **ENDLESS) for i in range(2)]
     wait_for(lambda: Job.objects.filter(state="running").count() == 2, 20, what="both GPUs to be busy")
-    # Let both get well into a 500 ms slice.
-    wait_for(lambda: all(j.slices.exists() for j in Job.objects.filter(pk__in=[b.pk for b in busy])), 10,
-             what="a first slice on each GPU")  # fmt: skip
 
     rt = submit(alice, "RT", "inference", steps=2, step_ms=5)
-    (rt,) = wait_finished(rt)
+    (rt,) = wait_finished(rt, timeout=30)
 
-    start_latency_ms = (rt.first_started_at - rt.submitted_at).total_seconds() * 1000
-    # Generous: one 10 ms step plus a switch, far below the 500 ms the slice would have run.
-    assert start_latency_ms < 250, start_latency_ms
-    cut_short = Job.objects.filter(pk__in=[b.pk for b in busy], slices__outcome="yielded", slices__used_ms__lt=400)
-    assert cut_short.exists()
-    # Both GPUs heard the signal, but only one made way for the one RT job.
+    # One busy job's minute-long slice ended at a step to make way; the other GPU kept going.
+    assert rt.state == "succeeded"
+    cut = Slice.objects.get(job__in=busy, outcome="yielded")
+    assert cut.planned_ms == SLICE_MS and cut.used_ms < SLICE_MS / 10
     made_way = JobEvent.objects.filter(job__in=busy, reason="preempted by a waiting RT job")
     assert made_way.count() == 1
-    for job in wait_finished(*busy):
-        assert job.state == "succeeded"
+    for job in busy:
+        cancel_job(Job.objects.get(pk=job.pk), actor="alice")
 
 
-def test_a_cancel_stops_a_running_slice_within_a_step(start_workers, alice, sp_slices_of_500_ms):
+def test_a_cancel_stops_a_running_slice_within_a_step(start_workers, alice, sp_slices_of_a_minute):
     start_workers(gpus=1, **LONG_SLICES)
-    victim = submit(alice, "SP", "victim", steps=500, step_ms=10)
-    wait_for(lambda: Job.objects.get(pk=victim.pk).slices.exists(), 20, what="the victim's first slice")
+    victim = submit(alice, "SP", "victim", **ENDLESS)
+    wait_for(lambda: Job.objects.get(pk=victim.pk).state == "running", 20, what="the victim to start")
     waiting = submit(alice, "BK", "next-in-line", steps=1, step_ms=1)
 
-    cancelled = cancel_job(Job.objects.get(pk=victim.pk), actor="alice")
-    (waiting,) = wait_finished(waiting)
+    cancel_job(Job.objects.get(pk=victim.pk), actor="alice")
 
-    # The GPU was free again well before the victim's 500 ms slice would have ended.
-    freed_after_ms = (waiting.first_started_at - cancelled.finished_at).total_seconds() * 1000
-    assert freed_after_ms < 250, freed_after_ms
+    # The GPU is free long before the victim's minute-long slice would have ended.
+    (waiting,) = wait_finished(waiting, timeout=SLICE_MS / 1000 / 2)
+    assert waiting.state == "succeeded"
     assert Job.objects.get(pk=victim.pk).state == "cancelled"
 
 
-def test_a_hold_on_a_running_job_checkpoints_it_within_a_step(start_workers, alice, sp_slices_of_500_ms):
-    from webapp.services import hold_job
+def test_a_hold_on_a_running_job_checkpoints_it_within_a_step(start_workers, alice, sp_slices_of_a_minute):
+    from clockq.jobs.services import hold_job
 
     start_workers(gpus=1, **LONG_SLICES)
-    job = submit(alice, "SP", "hold-me", steps=500, step_ms=10)
-    wait_for(lambda: Job.objects.get(pk=job.pk).slices.exists(), 20, what="a first slice")
+    job = submit(alice, "SP", "hold-me", **ENDLESS)
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == "running", 20, what="the job to start")
 
     hold_job(Job.objects.get(pk=job.pk), actor="alice")
 
-    wait_for(lambda: Job.objects.get(pk=job.pk).state == "held", 2, what="the job to be held")
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == "held", SLICE_MS / 1000 / 2, what="the job to be held")
     job.refresh_from_db()
     assert job.checkpoint_generation == 1
-    assert job.slices.order_by("-started_at").first().used_ms < 400
+    held_slice = job.slices.get()
+    assert held_slice.outcome == "yielded" and held_slice.used_ms < SLICE_MS / 10

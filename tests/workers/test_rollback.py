@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
+from clockq.jobs.models import Job
 from tests.helpers import submit, wait_finished
-from webapp.models import Job
 from workers.checkpoints import CheckpointStore
 from workers.runtime import Runtime, WorkerIdentity
-from workers.slice_runner import run_dispatch
+from workers.slice_runner import RunOutcome, run_dispatch
 from workers.workloads.base import RunContext
 from workers.workloads.synthetic import SyntheticWorkload
 
@@ -34,7 +34,7 @@ def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_generation(ali
     Job.objects.filter(pk=job.pk).update(checkpoint_generation=2, progress=0.5)
 
     # When a worker runs it (here, in this process: the same code a Celery worker calls)
-    assert run_dispatch(job.pk, job.dispatch_token, Runtime(WorkerIdentity("gpu0@test", 0))) == "succeeded"
+    assert run_dispatch(job.pk, job.dispatch_token, Runtime(WorkerIdentity("gpu0@test", 0))) == RunOutcome.SUCCEEDED
 
     # Then it resumed from generation 1: 30 more steps, not 20, and says why
     job.refresh_from_db()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from clockq.jobs.models import Job
 from tests.harness import wait_for
 from tests.helpers import submit, wait_finished
-from webapp.models import Job
 
 pytestmark = pytest.mark.integration
 

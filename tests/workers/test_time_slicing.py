@@ -9,9 +9,9 @@ import json
 import pytest
 from django.conf import settings
 
+from clockq.jobs.models import Job, Slice
 from tests.harness import wait_for
 from tests.helpers import assert_no_overlap, claims, submit, wait_finished
-from webapp.models import Job, Slice
 from workers.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.integration

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
+from clockq.jobs.models import Job
 from tests.helpers import submit
-from webapp.models import Job
 from workers.checkpoints import CheckpointStore
 from workers.runtime import Runtime, WorkerIdentity
-from workers.slice_runner import run_dispatch
+from workers.slice_runner import RunOutcome, run_dispatch
 from workers.warm_cache import WarmCache
 from workers.workloads.synthetic import SyntheticWorkload
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _yield_once(job, runtime) -> Job:
     """Run one dispatch of `job` while another SP job waits, so it yields after one slice."""
-    assert run_dispatch(job.pk, job.dispatch_token, runtime) == "queued"
+    assert run_dispatch(job.pk, job.dispatch_token, runtime) == RunOutcome.YIELDED
     return Job.objects.get(pk=job.pk)
 
 
@@ -50,8 +50,9 @@ def test_the_same_worker_resumes_warm_and_another_worker_from_the_file(alice):
 def _workload(tmp_path, job_id=1):
     from workers.workloads.base import RunContext
 
-    w = SyntheticWorkload({"steps": 10, "step_ms": 0, "state_kb": 1, "gpu_util": 0.5, "fail_at_step": -1,
-                           "fail_times": 0})  # fmt: skip
+    w = SyntheticWorkload(
+        {"steps": 10, "step_ms": 0, "state_kb": 1, "gpu_util": 0.5, "fail_at_step": -1, "fail_times": 0}
+    )
     w.setup(RunContext(job_id, 0, tmp_path))
     return w
 

@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clockq.jobs import workloads
 from workers.workloads.base import RunContext
 from workers.workloads.keras_train import KerasTrainWorkload, generated_batch
-from workers.workloads.params import ParamsError, clean_params
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def make(tmp_path: Path, **params) -> KerasTrainWorkload:
-    w = KerasTrainWorkload(clean_params(KerasTrainWorkload.params_schema, params))
+    w = KerasTrainWorkload(workloads.validate("keras_train", params, is_staff=False))
     w.setup(RunContext(job_id=1, gpu_index=0, work_dir=tmp_path))
     return w
 
@@ -93,31 +93,3 @@ def test_state_from_other_params_is_rejected(tmp_path):
         other.load_state_dict(state)
     with pytest.raises(ValueError):
         other.load_state_dict(b"not a checkpoint")
-
-
-def test_params_validation():
-    schema = KerasTrainWorkload.params_schema
-    assert clean_params(schema, {}) == {
-        "steps": 200,
-        "batch_size": 64,
-        "hidden": 64,
-        "learning_rate": 1e-3,
-        "seed": 0,
-    }
-    for bad in (
-        {"steps": 0},
-        {"steps": 1_000_001},
-        {"steps": 2.5},
-        {"steps": True},
-        {"batch_size": 4097},
-        {"hidden": 0},
-        {"learning_rate": 0.0},
-        {"learning_rate": 2.0},
-        {"learning_rate": float("nan")},
-        {"learning_rate": "0.1"},
-        {"seed": -1},
-        {"seed": 2**31},
-        {"optimizer": "sgd"},
-    ):
-        with pytest.raises(ParamsError):
-            clean_params(schema, bad)

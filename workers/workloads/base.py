@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from workers.workloads.params import Schema
-
 
 @dataclass(frozen=True)
 class RunContext:
@@ -26,9 +24,7 @@ class Workload(ABC):
     `load_state_dict()` is called after `setup()` when resuming from a checkpoint.
     """
 
-    name: ClassVar[str]
-    params_schema: ClassVar[Schema]
-    staff_only: ClassVar[bool] = False
+    name: ClassVar[str]  # its params schema is clockq.jobs.workloads.SPECS[name]
 
     def __init__(self, params: dict[str, Any]):
         self.params = params

@@ -64,7 +64,6 @@ from pathlib import Path
 from typing import IO
 
 from workers.workloads.base import RunContext, Workload
-from workers.workloads.params import Float, StrList
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +86,6 @@ STDERR_NAME = "stderr.log"
 
 class CommandWorkload(Workload):
     name = "command"
-    staff_only = True
-    params_schema = {
-        "argv": StrList(64, 4096, help="program and arguments, run without a shell"),
-        "step_ms": Float(1.0, 1000.0, default=20.0, help="how long each step waits on the program"),
-    }
 
     def setup(self, ctx: RunContext) -> None:
         self.ctx = ctx

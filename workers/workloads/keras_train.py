@@ -1,12 +1,14 @@
-"""A real Keras 3 (TensorFlow backend) training run on generated data.
+"""A real Keras 3 training run on generated data.
 
 The data is a generated regression problem: a fixed random "teacher" network, drawn from the
 `seed` param, labels standard-normal inputs. Each batch is drawn from a generator seeded by
 (seed, step index), so a run resumed from a checkpoint sees exactly the batches an
 uninterrupted run would.
 
-TensorFlow is imported lazily, inside `setup()`, so importing this module (for the registry,
-a form or the web process) stays cheap. This is the only workload that imports it.
+Keras runs on TensorFlow, clockq's default backend. `KERAS_BACKEND=torch` (or `jax`) runs it on
+that framework instead, on a host that has it; the checkpoint format does not change. Keras and
+TensorFlow are imported lazily, inside `setup()`, so importing this module (for the registry or
+a web process) stays cheap. This is the only workload that imports them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from workers.workloads.base import RunContext, Workload
-from workers.workloads.params import Float, Int
 
 FEATURES = 16  # inputs per generated example
 _TEACHER_HIDDEN = 32
@@ -40,23 +41,17 @@ def generated_batch(seed: int, step_index: int, batch_size: int) -> tuple[np.nda
 
 class KerasTrainWorkload(Workload):
     name = "keras_train"
-    params_schema = {
-        "steps": Int(1, 1_000_000, default=200, help="training steps (one batch each)"),
-        "batch_size": Int(1, 4096, default=64, help="examples per batch"),
-        "hidden": Int(1, 4096, default=64, help="width of the two hidden layers"),
-        "learning_rate": Float(1e-6, 1.0, default=1e-3, help="Adam learning rate"),
-        "seed": Int(0, 2**31 - 1, default=0, help="seed for the generated data and initial weights"),
-    }
 
     def setup(self, ctx: RunContext) -> None:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import tensorflow as tf
+        if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            import tensorflow as tf
 
-        # Take GPU memory as needed rather than all of it up front. This fails harmlessly
-        # once TensorFlow has already initialised its devices in this process.
-        for gpu in tf.config.list_physical_devices("GPU"):
-            with contextlib.suppress(RuntimeError):
-                tf.config.experimental.set_memory_growth(gpu, True)
+            # Take GPU memory as needed rather than all of it up front. This fails harmlessly
+            # once TensorFlow has already initialised its devices in this process.
+            for gpu in tf.config.list_physical_devices("GPU"):
+                with contextlib.suppress(RuntimeError):
+                    tf.config.experimental.set_memory_growth(gpu, True)
 
         import keras
 
@@ -91,7 +86,7 @@ class KerasTrainWorkload(Workload):
         return min(self.done / steps, 1.0)
 
     def state_dict(self) -> bytes:
-        arrays: dict[str, np.ndarray] = {
+        arrays: dict[str, Any] = {
             "version": np.int64(_FORMAT_VERSION),
             "steps_done": np.int64(self.done),
         }

@@ -7,15 +7,10 @@ import io
 import numpy as np
 
 from workers.workloads.base import RunContext, Workload
-from workers.workloads.params import Int
 
 
 class MatmulWorkload(Workload):
     name = "matmul"
-    params_schema = {
-        "size": Int(2, 4096, default=256, help="matrix side"),
-        "steps": Int(1, 1_000_000, default=200, help="products to compute"),
-    }
 
     def setup(self, ctx: RunContext) -> None:
         n = self.params["size"]

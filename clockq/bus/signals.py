@@ -21,6 +21,7 @@ import threading
 import time
 
 import redis
+from django.conf import settings
 
 log = logging.getLogger("clockq.signals")
 
@@ -40,7 +41,8 @@ return 0
 def announce_rt_waiting(client: redis.Redis) -> None:
     try:
         pipe = client.pipeline(transaction=False)
-        pipe.incr(RT_UNCLAIMED_KEY).expire(RT_UNCLAIMED_KEY, RT_UNCLAIMED_TTL_S)
+        pipe.incr(RT_UNCLAIMED_KEY)
+        pipe.expire(RT_UNCLAIMED_KEY, RT_UNCLAIMED_TTL_S)
         pipe.publish(CHANNEL, json.dumps({"kind": "rt"}))
         pipe.execute()
     except redis.RedisError as exc:
@@ -145,6 +147,4 @@ def interrupts() -> Interrupts:
 
 def _new_pubsub_client() -> redis.Redis:
     # A dedicated connection without a socket timeout: listen() blocks between messages.
-    from django.conf import settings
-
     return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, health_check_interval=30)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
+from clockq.bus import signals
+from clockq.bus.client import client
 from clockq.celery import app
+from clockq.policy.tiers import QUEUES_IN_ORDER
+
+log = logging.getLogger("clockq.dispatch")
 
 RUN_SLICE_TASK = "clockq.run_slice"
 # Publishing must not hang a web request or a slice boundary when the broker is down: the job
@@ -15,3 +22,17 @@ def send_run_slice(job_id: int, token: str, queue_name: str) -> None:
     # the queue's list. That needs no exchange binding in Redis, so a broker that restarted
     # empty takes messages at once instead of dropping them until a worker declares again.
     app.send_task(RUN_SLICE_TASK, args=[job_id, token], queue=queue_name, retry=True, retry_policy=_RETRY_POLICY)
+
+
+def publish_dispatch(job_id: int, token: str, queue_name: str) -> bool:
+    """Send the wake-up message. A failure is logged, not raised: the job is queued in the
+    database, and the reconciler sends it again once the broker is back."""
+    try:
+        send_run_slice(job_id, token, queue_name)
+    except Exception as exc:  # the broker may be down; the database already holds the truth
+        log.warning("job %s: dispatch to %s failed (%s); the reconciler will retry", job_id, queue_name, exc)
+        return False
+    if queue_name == QUEUES_IN_ORDER[0]:
+        # Running slices of lower tiers end at their next step instead of their slice end.
+        signals.announce_rt_waiting(client())
+    return True

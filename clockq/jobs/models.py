@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from clockq.policy.slicing import SliceOutcome
+from clockq.policy.slicing import PendingAction, SliceOutcome
 from clockq.policy.states import ACTIVE_STATES, JobState
 
 
@@ -57,8 +57,8 @@ class Job(models.Model):
 
     state = models.CharField(max_length=10, choices=State.choices, default=JobState.QUEUED, db_index=True)
     progress = models.FloatField(default=0.0)
-    # What an operator asked of a running job; honoured by the worker at the next slice boundary.
-    pending_action = models.CharField(max_length=10, blank=True, default="")
+    # What an operator asked of a running job (a PendingAction); honoured at the next slice boundary.
+    pending_action = models.CharField(max_length=10, blank=True, default=PendingAction.NONE)
 
     submitted_at = models.DateTimeField(auto_now_add=True)
     enqueued_at = models.DateTimeField(null=True, blank=True, help_text="When the job last entered its queue.")

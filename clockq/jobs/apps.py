@@ -1,0 +1,27 @@
+from django.apps import AppConfig
+from django.core import checks
+
+
+class JobsConfig(AppConfig):
+    name = "clockq.jobs"
+    label = "jobs"
+    verbose_name = "clockq"
+
+    def ready(self) -> None:
+        checks.register(check_workloads_have_specs)
+
+
+def check_workloads_have_specs(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Every workload enabled in settings needs a params schema, or no job could name it."""
+    from django.conf import settings
+
+    from clockq.jobs.workloads import SPECS
+
+    return [
+        checks.Error(
+            f"CLOCKQ_WORKLOADS names {name!r}, which has no spec in clockq.jobs.workloads.SPECS",
+            id="clockq.E001",
+        )
+        for name in settings.CLOCKQ_WORKLOADS
+        if name not in SPECS
+    ]

@@ -1,0 +1,105 @@
+"""The workloads a job may name, and the params each one accepts.
+
+Only names listed in settings.CLOCKQ_WORKLOADS may run; a form never names arbitrary code. The
+params schema of each workload lives here, in the core, because the web form, the API, the
+admin and the workers all validate against it. The code that runs a workload lives in
+`workers/workloads/`, and CLOCKQ_WORKLOADS maps each name to its class there.
+
+A new workload is three things: its spec in SPECS below, its class in `workers/workloads/`, and
+a line in CLOCKQ_WORKLOADS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from clockq.jobs.workload_params import Float, Int, ParamsError, Schema, StrList, clean_params
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    params: Schema
+    staff_only: bool = False  # runs code the user brings: staff only
+
+
+SPECS: dict[str, WorkloadSpec] = {
+    spec.name: spec
+    for spec in (
+        WorkloadSpec(
+            "synthetic",
+            {
+                "steps": Int(1, 10_000_000, default=100, help="steps to run"),
+                "step_ms": Float(0.0, 60_000.0, default=10.0, help="simulated GPU time per step"),
+                "state_kb": Int(0, 1_048_576, default=64, help="checkpoint payload size"),
+                "gpu_util": Float(0.0, 1.0, default=0.9, help="utilisation reported on simulated GPUs"),
+                # Fault injection for tests and demos: raise at this step, this many times in all.
+                "fail_at_step": Int(-1, 10_000_000, default=-1),
+                "fail_times": Int(0, 1_000_000, default=0),
+            },
+        ),
+        WorkloadSpec(
+            "matmul",
+            {
+                "size": Int(2, 4096, default=256, help="matrix side"),
+                "steps": Int(1, 1_000_000, default=200, help="products to compute"),
+            },
+        ),
+        WorkloadSpec(
+            "keras_train",
+            {
+                "steps": Int(1, 1_000_000, default=200, help="training steps (one batch each)"),
+                "batch_size": Int(1, 4096, default=64, help="examples per batch"),
+                "hidden": Int(1, 4096, default=64, help="width of the two hidden layers"),
+                "learning_rate": Float(1e-6, 1.0, default=1e-3, help="Adam learning rate"),
+                "seed": Int(0, 2**31 - 1, default=0, help="seed for the generated data and initial weights"),
+            },
+        ),
+        WorkloadSpec(
+            "command",
+            {
+                "argv": StrList(64, 4096, help="program and arguments, run without a shell"),
+                "step_ms": Float(1.0, 1000.0, default=20.0, help="how long each step waits on the program"),
+            },
+            staff_only=True,
+        ),
+    )
+}
+
+
+class UnknownWorkload(LookupError):
+    pass
+
+
+def available() -> list[str]:
+    return sorted(settings.CLOCKQ_WORKLOADS)
+
+
+def spec(name: Any) -> WorkloadSpec:
+    """The spec of an enabled workload; UnknownWorkload for any other name."""
+    if not isinstance(name, str) or name not in settings.CLOCKQ_WORKLOADS:
+        raise UnknownWorkload(f"unknown workload {str(name)[:50]!r}; allowed: {', '.join(available())}")
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise ImproperlyConfigured(
+            f"CLOCKQ_WORKLOADS names {name!r}, which has no spec in clockq.jobs.workloads"
+        ) from None
+
+
+def validate(name: Any, params: Any, *, is_staff: bool) -> dict[str, Any]:
+    """Check that `name` may be run by this user and return its cleaned params.
+
+    Raises UnknownWorkload, PermissionError or ParamsError.
+    """
+    found = spec(name)
+    if found.staff_only and not is_staff:
+        raise PermissionError(f"the {name!r} workload is for staff only")
+    return clean_params(found.params, params)
+
+
+__all__ = ["ParamsError", "UnknownWorkload", "WorkloadSpec", "available", "spec", "validate"]
