@@ -387,7 +387,7 @@ class JobRun:
         duplicate messages that would cause a needless switch.
 
         After an RT interrupt only RT counts, and only for the one busy GPU that takes the RT job
-        from the counter of unclaimed ones (workers/signals.py): every busy GPU heard the signal,
+        from the counter of unclaimed ones (clockq/bus/signals.py): every busy GPU heard the signal,
         and one checkpoint per RT job is enough."""
         try:
             waiting = queues.waiting_by_rank()
