@@ -48,6 +48,7 @@ from workers.workloads.base import RunContext, Workload
 log = logging.getLogger("clockq.slices")
 
 RUNNING = JobState.RUNNING
+LISTEN_TIMEOUT_S = 2.0  # how long a fresh worker waits for its signal subscription before a claim
 
 
 class RunOutcome(StrEnum):
@@ -135,6 +136,8 @@ def workload_errors() -> Iterator[None]:
 
 def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
     """Handle one dispatch message."""
+    # Listen before claiming, so that no signal sent once the job is running is missed.
+    signals.wait_until_listening(LISTEN_TIMEOUT_S)
     t0 = time.perf_counter()
     job = claim_job(job_id, token, runtime)
     if job is None:

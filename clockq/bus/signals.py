@@ -108,6 +108,7 @@ class Listener:
     def __init__(self, client_factory, interrupts: Interrupts):
         self.client_factory = client_factory
         self.interrupts = interrupts
+        # Set once Redis has confirmed the subscription: from then on no signal is missed.
         self.subscribed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="clockq-signals", daemon=True)
 
@@ -118,12 +119,14 @@ class Listener:
     def _run(self) -> None:
         while True:
             try:
-                pubsub = self.client_factory().pubsub(ignore_subscribe_messages=True)
+                pubsub = self.client_factory().pubsub()
                 pubsub.subscribe(CHANNEL)
-                self.subscribed.set()
                 for message in pubsub.listen():
-                    if message.get("type") == "message":
+                    kind = message.get("type")
+                    if kind == "message":
                         self.interrupts.handle(message["data"])
+                    elif kind == "subscribe":
+                        self.subscribed.set()
             except Exception as exc:  # keep listening whatever happens; signals are best effort
                 self.subscribed.clear()
                 log.warning("signal listener lost its connection (%s); reconnecting", exc)
@@ -131,18 +134,32 @@ class Listener:
 
 
 _interrupts: Interrupts | None = None
+_listener: Listener | None = None
 _lock = threading.Lock()
 
 
 def interrupts() -> Interrupts:
     """This process's flags, with the listener started on first use."""
-    global _interrupts
+    global _interrupts, _listener
     with _lock:
         if _interrupts is None:
             flags = Interrupts()
-            Listener(_new_pubsub_client, flags).start()
+            _listener = Listener(_new_pubsub_client, flags).start()
             _interrupts = flags
         return _interrupts
+
+
+def wait_until_listening(timeout_s: float) -> bool:
+    """Start this process's listener if needed and wait until Redis confirms its subscription.
+
+    A worker calls this before it claims a job: a signal published after the claim (an
+    operator's hold, an RT job) then reaches it. Without it, the first job of a fresh worker
+    could miss one and only notice at its slice boundary. False if the broker did not answer
+    in time; the boundary check still catches up.
+    """
+    interrupts()
+    assert _listener is not None
+    return _listener.subscribed.wait(timeout_s)
 
 
 def _new_pubsub_client() -> redis.Redis:
