@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -36,7 +38,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",  # API tokens, stored hashed
+    "axes",  # login throttling and lockout
     "django_celery_beat",
     "clockq",  # management commands that act on the whole system (runstack, ensureadmin)
     "clockq.jobs",
@@ -45,6 +48,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "webapp.middleware.ApiBodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -53,7 +57,20 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into its 429 answer
 ]
+
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # refuses locked-out logins before a password is checked
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Repeated failed logins (the login page, the admin, HTTP basic on the API) lock that username
+# from that address for a while. The lock is in the database, so it holds across processes and hosts.
+AXES_FAILURE_LIMIT = env_int("CLOCKQ_LOGIN_FAILURE_LIMIT", 5, min_value=1, max_value=1000)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("CLOCKQ_LOGIN_LOCKOUT_MINUTES", 15, min_value=1, max_value=10_000))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "clockq.urls"
 WSGI_APPLICATION = "clockq.wsgi.application"
@@ -120,17 +137,36 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "job-list"
 LOGOUT_REDIRECT_URL = "login"
 
+# The API takes JSON only, so a cross-site form post can never reach it, and at most this many
+# bytes of it (413 beyond). Forms and the admin keep Django's own limit.
+CLOCKQ_API_MAX_BODY_BYTES = env_int("CLOCKQ_API_MAX_BODY_BYTES", 256 * 1024, min_value=1024, max_value=64 * 2**20)
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 2**20
+# HTTP basic auth on the API hashes a password on every request; it is off unless asked for, and
+# then throttled per address. Tokens (`manage.py createtoken`, or the API tokens page) and the
+# browser session are the documented ways in.
+CLOCKQ_API_BASIC_AUTH = env_bool("CLOCKQ_API_BASIC_AUTH", False)
+CLOCKQ_API_BASIC_AUTH_RATE = env_str("CLOCKQ_API_BASIC_AUTH_RATE") or "30/min"
+if not re.fullmatch(r"[1-9][0-9]*/(s|sec|m|min|h|hour|d|day)", CLOCKQ_API_BASIC_AUTH_RATE):
+    raise ImproperlyConfigured(
+        f"CLOCKQ_API_BASIC_AUTH_RATE={CLOCKQ_API_BASIC_AUTH_RATE!r}: use requests per period, e.g. 30/min"
+    )
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        # Basic first, so an unauthenticated call gets 401 with a WWW-Authenticate header.
-        "rest_framework.authentication.BasicAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
+        # Token first, so an unauthenticated call gets 401 with `WWW-Authenticate: Token`.
+        "knox.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
+        "webapp.auth.OptionalBasicAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["webapp.parsers.BoundedJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "webapp.api_errors.exception_handler",
+}
+REST_KNOX = {
+    "TOKEN_TTL": timedelta(days=env_int("CLOCKQ_API_TOKEN_TTL_DAYS", 90, min_value=1, max_value=3650)),
+    "AUTO_REFRESH": False,
 }
 
 LOGGING = {
@@ -140,13 +176,20 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "clockq": {"handlers": ["console"], "level": env_str("CLOCKQ_LOG_LEVEL") or "INFO", "propagate": False},
+        # Every 500 leaves its traceback in the log, whatever DEBUG says.
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }
 
 # --- broker and Celery ----------------------------------------------------------------------
 
 EMBEDDED_REDIS_PORT = env_int("CLOCKQ_EMBEDDED_REDIS_PORT", 6390, min_value=1024, max_value=65535)
-REDIS_URL = env_str("REDIS_URL") or f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+# Without REDIS_URL, clockq uses the embedded broker that `make run` starts, with a password
+# generated once and kept in a 0600 file.
+EMBEDDED_REDIS_PASSWORD_FILE = VAR_DIR / "redis-password"
+REDIS_URL = env_str("REDIS_URL") or (
+    f"redis://:{persistent_secret(EMBEDDED_REDIS_PASSWORD_FILE, nbytes=24)}@127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+)
 if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
     raise ImproperlyConfigured(f"REDIS_URL={REDIS_URL!r} must start with redis://, rediss:// or unix://")
 

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 from django.conf import settings as django_settings
+from django.core.cache import cache
 from django.db import connection
 
 from tests.harness import GpuWorkers, RedisServer
@@ -35,6 +36,7 @@ def _clean_slate(request, redis_server, tmp_path, settings):
     from clockq.bus.client import client
 
     client().flushall()
+    cache.clear()  # throttle counters
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins
     settings.CLOCKQ_CHECKPOINT_DIR = tmp_path / "checkpoints"
     marker = request.node.get_closest_marker("django_db")

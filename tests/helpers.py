@@ -10,6 +10,17 @@ from clockq.policy.states import TERMINAL_STATES
 from tests.harness import wait_for
 
 
+def token_auth(user, days: int | None = None) -> dict:
+    """Test-client keyword arguments that authenticate as `user` with a new API token."""
+    from datetime import timedelta
+
+    from knox.models import AuthToken
+
+    kwargs = {} if days is None else {"expiry": timedelta(days=days)}
+    _instance, token = AuthToken.objects.create(user=user, **kwargs)
+    return {"HTTP_AUTHORIZATION": f"Token {token}"}
+
+
 def submit(owner, tier: str = "SP", name: str = "job", workload: str = "synthetic", **params) -> Job:
     cleaned = workloads.validate(workload, params, is_staff=owner.is_staff)
     return services.submit_job(owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from webapp import api, gpus_api, health, views
+from webapp import api, gpus_api, health, tokens, views
 
 urlpatterns = [
     path("", views.job_list, name="home"),
@@ -8,6 +8,9 @@ urlpatterns = [
     path("jobs/new", views.job_new, name="job-new"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel", views.job_cancel, name="job-cancel"),
+    path("account/tokens", tokens.token_list, name="token-list"),
+    path("account/tokens/new", tokens.token_create, name="token-create"),
+    path("account/tokens/<str:token_key>/revoke", tokens.token_revoke, name="token-revoke"),
     path("api/jobs", api.jobs, name="api-jobs"),
     path("api/jobs/<int:job_id>", api.job_detail, name="api-job"),
     path("api/jobs/<int:job_id>/cancel", api.job_cancel, name="api-job-cancel"),

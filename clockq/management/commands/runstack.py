@@ -13,12 +13,15 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from clockq.bus.redis_server import redis_server_argv
+from clockq.env import persistent_secret
 from clockq.management.commands.ensureadmin import ADMIN_USERNAME, admin_password
 from workers.launch import control_worker_argv
 from workers.supervisor import Child, Supervisor
@@ -34,6 +37,30 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+def protect_var_dir(var_dir: Path) -> None:
+    """Everything clockq writes under var/ (the database, secrets, the broker's files) is 0600,
+    and var/ itself can be crossed but not listed by other users (the sandboxed command user
+    needs to reach its own job folder in it). New files get 0600 from the umask, which every
+    child process inherits; files made before this get it here."""
+    os.umask(0o077)
+    var_dir.mkdir(parents=True, exist_ok=True)
+    var_dir.chmod(0o711)
+    for path in var_dir.iterdir():
+        if path.is_file():
+            path.chmod(0o600)
+    redis_dir = var_dir / "redis"
+    if redis_dir.is_dir():
+        redis_dir.chmod(0o700)
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 class Command(BaseCommand):
     help = "Start clockq on this machine: broker (if needed), web, GPU workers, beat and Flower."
 
@@ -42,6 +69,7 @@ class Command(BaseCommand):
         parser.add_argument("--bind", default=os.environ.get("CLOCKQ_BIND", "127.0.0.1"))
 
     def handle(self, *args, demo: bool, bind: str, **options):
+        protect_var_dir(settings.VAR_DIR)
         call_command("migrate", interactive=False, verbosity=0)
         call_command("ensureadmin")
         password, source = admin_password()
@@ -56,7 +84,10 @@ class Command(BaseCommand):
                 )
             data = settings.VAR_DIR / "redis"
             data.mkdir(parents=True, exist_ok=True)
-            children.append(Child("redis", redis_server_argv(port, data, durable=True), restart=False, stop_last=True))
+            broker_password = persistent_secret(settings.EMBEDDED_REDIS_PASSWORD_FILE, nbytes=24)
+            # Restarted if it dies: it reloads its append-only file, and every client reconnects.
+            argv = redis_server_argv(port, data, durable=True, password=broker_password)
+            children.append(Child("redis", argv, stop_last=True))
         env["REDIS_URL"] = settings.REDIS_URL
         for name, port in (("PORT", settings.PORT), ("FLOWER_PORT", settings.FLOWER_PORT)):
             if not port_is_free(port):
@@ -129,8 +160,8 @@ class Command(BaseCommand):
             f"  API      {web}/api/jobs\n"
             f"  health   {web}/healthz\n"
             f"  Flower   http://{host}:{settings.FLOWER_PORT}/\n"
-            f"  broker   {settings.REDIS_URL}\n"
-            f"  login    {ADMIN_USERNAME} / {password}   (from {source}; also Flower's basic auth)\n"
+            f"  broker   {_without_password(settings.REDIS_URL)}\n"
+            f"  login    {ADMIN_USERNAME}, password in {source}   (also Flower's basic auth)\n"
             f"Ctrl-C stops everything.\n"
         )
         self.stdout.write(banner)

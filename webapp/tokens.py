@@ -1,0 +1,37 @@
+"""API tokens: each user makes and revokes their own. Stored hashed (django-rest-knox), so a
+token is shown once, when it is made, and the database never holds it in clear."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+from knox.models import AuthToken
+
+MAX_TOKENS_PER_USER = 20
+
+
+@login_required
+def token_list(request, new_token: str | None = None):
+    tokens = AuthToken.objects.filter(user=request.user).order_by("-created")
+    return render(request, "webapp/tokens.html", {"tokens": tokens, "new_token": new_token})
+
+
+@login_required
+@require_POST
+def token_create(request):
+    if AuthToken.objects.filter(user=request.user).count() >= MAX_TOKENS_PER_USER:
+        messages.error(request, f"You already have {MAX_TOKENS_PER_USER} tokens; revoke one first.")
+        return redirect("token-list")
+    _instance, token = AuthToken.objects.create(user=request.user)
+    # Shown in this response only: not in a redirect, a session or a message, which are stored.
+    return token_list(request, new_token=token)
+
+
+@login_required
+@require_POST
+def token_revoke(request, token_key: str):
+    get_object_or_404(AuthToken, user=request.user, token_key=token_key).delete()
+    messages.success(request, f"Token {token_key}… revoked.")
+    return redirect("token-list")
