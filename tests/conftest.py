@@ -130,3 +130,20 @@ def telemetry_log(log_records):
     logger.addHandler(log_records)
     yield log_records
     logger.removeHandler(log_records)
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path):
+    """A real 2 MiB tmpfs, to fill up. Mounting needs root (CI runs as root); elsewhere the
+    tests that need it are skipped, saying why."""
+    import subprocess
+
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()[:200]}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -130,3 +130,22 @@ class GpuWorkers:
         self.proc = None
         if getattr(self, "log", None):
             self.log.close()
+
+
+def fill(directory, name: str = "filler") -> None:
+    """Fill the filesystem holding `directory` to the last byte."""
+    import errno
+
+    with open(directory / name, "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    # Byte-sized writes take the partial page that is left.
+    with open(directory / f"{name}-tail", "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0")
+        except OSError:
+            pass

@@ -102,6 +102,9 @@ def queues(request):
     ]
     try:
         workers = heartbeat.live_workers()
+        degraded = heartbeat.degraded_workers()
+        for worker in workers:
+            worker["degraded"] = degraded.get(worker.get("hostname"))
     except Exception:
         workers = None
     return Response({"tiers": tiers, "workers": workers})

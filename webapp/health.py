@@ -20,13 +20,18 @@ def healthz(request):
     except Exception as exc:
         checks["database"] = {"ok": False, "error": str(exc)[:200]}
     checks["broker"] = {"ok": ping()}
-    gpu_workers = []
+    gpu_workers: list[str] = []
+    degraded: dict[str, str] = {}
     if checks["broker"]["ok"]:
         try:
             gpu_workers = [w["hostname"] for w in heartbeat.live_workers() if w.get("gpu") is not None]
+            degraded = heartbeat.degraded_workers()
         except Exception as exc:
             checks["broker"] = {"ok": False, "error": str(exc)[:200]}
-    checks["workers"] = {"ok": bool(gpu_workers), "gpu_workers": gpu_workers}
+    # Degraded workers (their checkpoint storage fails) are alive but cannot keep work: the
+    # system can run jobs only while at least one GPU worker is not degraded.
+    healthy = [w for w in gpu_workers if w not in degraded]
+    checks["workers"] = {"ok": bool(healthy), "gpu_workers": gpu_workers, "degraded": degraded}
     ok = all(c["ok"] for c in checks.values())
     body = {"status": "ok" if ok else "unavailable", "checks": checks, "gpu_errors": _gpu_errors(checks)}
     return JsonResponse(body, status=200 if ok else 503)

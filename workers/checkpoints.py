@@ -10,6 +10,7 @@ With many GPU hosts, CLOCKQ_CHECKPOINT_DIR must be shared storage.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,7 +25,13 @@ KEEP_GENERATIONS = 2
 
 
 class CheckpointError(Exception):
-    pass
+    """A checkpoint file is missing, torn or corrupt: restore falls back to the one before."""
+
+
+class StorageError(Exception):
+    """The checkpoint storage itself failed (full, read-only, I/O error, permissions). It says
+    nothing about the job or its checkpoints, so it is neither a fallback reason nor the job's
+    failure: the job goes back to its queue from its last good checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -47,13 +54,16 @@ class CheckpointStore:
     def work_dir(self, job_id: int) -> Path:
         """Scratch space a workload may keep across requeues (outside the checkpoint)."""
         path = self.job_dir(job_id) / "work"
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create {path}: {exc}") from exc
         return path
 
     def write(self, job_id: int, generation: int, state: bytes) -> int:
-        """Durably write one generation and prune older ones. Returns the bytes written."""
+        """Durably write one generation and prune older ones. Returns the bytes written.
+        Raises StorageError, leaving no partial file behind, when the storage fails."""
         directory = self.job_dir(job_id)
-        directory.mkdir(parents=True, exist_ok=True)
         header = json.dumps(
             {
                 "job": int(job_id),
@@ -64,24 +74,33 @@ class CheckpointStore:
         ).encode()
         final = self.path(job_id, generation)
         tmp = final.with_suffix(f".tmp-{os.getpid()}")
-        with open(tmp, "wb") as fh:
-            fh.write(MAGIC)
-            fh.write(header + b"\n")
-            fh.write(state)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(directory)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(MAGIC)
+                fh.write(header + b"\n")
+                fh.write(state)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(directory)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise StorageError(f"writing checkpoint {final.name} of job {job_id}: {exc}") from exc
         self._prune(job_id, keep_from=generation - KEEP_GENERATIONS + 1)
         return len(MAGIC) + len(header) + 1 + len(state)
 
     def read(self, job_id: int, generation: int) -> bytes:
-        """Read and verify one generation, or raise CheckpointError saying what is wrong."""
+        """Read and verify one generation, or raise CheckpointError saying what is wrong with
+        it, or StorageError when the storage cannot be read at all."""
         path = self.path(job_id, generation)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             raise CheckpointError(f"{path.name} is missing") from None
+        except OSError as exc:
+            raise StorageError(f"reading {path.name} of job {job_id}: {exc}") from exc
         if not data.startswith(MAGIC):
             raise CheckpointError(f"{path.name} has no clockq header")
         end = data.find(b"\n", len(MAGIC))
@@ -110,13 +129,17 @@ class CheckpointStore:
         return Restored(0, None, tuple(skipped))
 
     def _prune(self, job_id: int, keep_from: int) -> None:
+        """Delete generations older than `keep_from`; best effort, the next write tries again."""
         for path in self.job_dir(job_id).glob("gen-*.ckpt"):
             try:
                 gen = int(path.stem.split("-")[1])
             except (IndexError, ValueError):
                 continue
             if gen < keep_from:
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    log.warning("job %s: could not delete old checkpoint %s: %s", job_id, path.name, exc)
 
 
 def _fsync_dir(directory: Path) -> None:

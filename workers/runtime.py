@@ -3,6 +3,7 @@ the warm-resume cache, the lease keeper and the interrupt flags. Built once per 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -10,8 +11,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from django.conf import settings
+from redis import RedisError
 
-from clockq.bus import signals
+from clockq.bus import heartbeat, signals
 from clockq.bus.client import client
 from clockq.bus.gpu_samples import Publisher
 from clockq.jobs.models import QueueTier
@@ -23,6 +25,12 @@ from workers.probes import NvmlProbe, SimulatedProbe, make_probe
 from workers.sampler import SliceSampler
 from workers.warm_cache import WarmCache
 from workers.workloads.base import Workload
+
+log = logging.getLogger("clockq.runtime")
+
+STORAGE_BACKOFF_MIN_S = 1.0
+STORAGE_BACKOFF_MAX_S = 30.0
+DEGRADED_TTL_S = 60.0  # a degraded mark outlives the backoff by this much, then expires
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,38 @@ class Runtime:
         self.last_yield: tuple[float, float] | None = None  # (compute end, its checkpoint ms)
         # This worker made way for an RT job (it took one from signals.RT_UNCLAIMED_KEY).
         self.made_way_for_rt = False
+        # While its checkpoint storage fails: how long to wait before the next job, and why.
+        self.storage_backoff_s = 0.0
+        self.degraded_reason: str | None = None
+
+    def storage_failed(self, reason: str) -> None:
+        """The checkpoint storage failed under a job (which went back to its queue, uncharged).
+        Say so in the cluster's view; `back_off` then waits before the next job."""
+        self.storage_backoff_s = min(max(2 * self.storage_backoff_s, STORAGE_BACKOFF_MIN_S), STORAGE_BACKOFF_MAX_S)
+        self.degraded_reason = f"checkpoint storage failing: {reason}"
+        try:
+            heartbeat.report_degraded(
+                client(), self.identity.hostname, self.degraded_reason, self.storage_backoff_s + DEGRADED_TTL_S
+            )
+        except RedisError as exc:
+            log.warning("could not report %s degraded: %s", self.identity.hostname, exc)
+
+    def back_off(self) -> None:
+        """Wait before taking the next job, longer after each storage failure, so a worker with a
+        broken disk does not churn through the queue. A stop request ends the wait early."""
+        log.warning("%s; waiting %.0f s before the next job", self.degraded_reason, self.storage_backoff_s)
+        shutdown.requested.wait(self.storage_backoff_s)
+
+    def storage_works(self) -> None:
+        """A checkpoint was written: the storage is back, if it was ever gone."""
+        if self.degraded_reason is None:
+            return
+        self.storage_backoff_s, self.degraded_reason = 0.0, None
+        try:
+            heartbeat.clear_degraded(client(), self.identity.hostname)
+        except RedisError as exc:
+            log.warning("could not clear the degraded mark of %s: %s", self.identity.hostname, exc)
+        log.info("%s: checkpoint storage works again", self.identity.hostname)
 
     def account_rt_claim(self, rank: int) -> None:
         """At every claim: an RT job claimed from idle takes its own unclaimed count; one this

@@ -40,6 +40,7 @@ from clockq.policy.slicing import (
     waiting_ahead,
 )
 from clockq.policy.states import JobState
+from workers.checkpoints import StorageError
 from workers.lease import lease_until
 from workers.runtime import Runtime, TierInfo
 from workers.workloads import registry
@@ -61,6 +62,7 @@ class RunOutcome(StrEnum):
     HELD = "held"
     TIMED_OUT = "timed_out"
     RETRYING = "retrying"  # the workload raised; back in its queue from the last checkpoint
+    STORAGE_FAULT = "storage-fault"  # checkpoint storage failed; back in its queue, not charged
     FAILED = "failed"  # the workload raised once too often
     LOST_OWNERSHIP = "lost-ownership"  # cancelled or taken back by the reaper while running
 
@@ -142,7 +144,10 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
     job = claim_job(job_id, token, runtime)
     if job is None:
         return RunOutcome.STALE
-    return JobRun(job, runtime, claim_ms=(time.perf_counter() - t0) * 1000).run()
+    outcome = JobRun(job, runtime, claim_ms=(time.perf_counter() - t0) * 1000).run()
+    if outcome == RunOutcome.STORAGE_FAULT:
+        runtime.back_off()
+    return outcome
 
 
 def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
@@ -252,6 +257,8 @@ class JobRun:
             return RunOutcome.LOST_OWNERSHIP
         except SliceFailed as exc:
             return self._after_failure(exc.__cause__ or exc, record)
+        except StorageError as exc:
+            return self._after_storage_fault(exc, record)
         finally:
             self.runtime.leases.release()
             self.runtime.probe_load(None)
@@ -280,13 +287,16 @@ class JobRun:
         warm = self.runtime.warm.take(self.job_id, self.generation) if self.generation else None
         if warm is not None:
             return warm  # the same job came back to this worker at the same generation
+        work_dir = self.runtime.store.work_dir(self.job_id)
         with workload_errors():
             workload = registry.create(self.job.workload, self.job.params)
-            workload.setup(
-                RunContext(self.job_id, self.runtime.identity.gpu_index, self.runtime.store.work_dir(self.job_id))
-            )
+            workload.setup(RunContext(self.job_id, self.runtime.identity.gpu_index, work_dir))
         if self.generation:
-            restored = self.runtime.store.restore(self.job_id, self.generation)
+            try:
+                restored = self.runtime.store.restore(self.job_id, self.generation)
+            except StorageError:
+                _close(workload, self.job_id)
+                raise
             if restored.generation != self.generation:
                 fallback = (
                     f"restored generation {restored.generation}"
@@ -435,7 +445,9 @@ class JobRun:
         t0 = time.perf_counter()
         with workload_errors():
             state = workload.state_dict()
-            record.checkpoint_bytes = self.runtime.store.write(self.job_id, self.generation + 1, state)
+        # Outside workload_errors: a storage failure raises StorageError, which is not the job's.
+        record.checkpoint_bytes = self.runtime.store.write(self.job_id, self.generation + 1, state)
+        self.runtime.storage_works()
         record.checkpoint_ms = (time.perf_counter() - t0) * 1000
         self.generation += 1
         self.last_checkpoint_at = time.monotonic()
@@ -511,6 +523,22 @@ class JobRun:
         except LostOwnership:
             return RunOutcome.LOST_OWNERSHIP
         return RunOutcome.FAILED if give_up else RunOutcome.RETRYING
+
+    def _after_storage_fault(self, exc: StorageError, record: SliceRecord) -> RunOutcome:
+        """The checkpoint storage failed: the job goes back to its queue from its last good
+        checkpoint, its failure count untouched, and this worker backs off."""
+        log.warning("job %s: %s", self.job_id, exc)
+        self.generation, self.progress = self.saved_generation, self.saved_progress
+        reason = (
+            f"checkpoint storage failed ({exc}); not counted against the job, "
+            f"back in the queue from checkpoint generation {self.saved_generation}"
+        )
+        try:
+            self._end(record, SliceOutcome.FAULT, JobState.QUEUED, reason[:1000], {})
+        except LostOwnership:
+            return RunOutcome.LOST_OWNERSHIP
+        self.runtime.storage_failed(str(exc))
+        return RunOutcome.STORAGE_FAULT
 
     def _note(self, reason: str) -> None:
         JobEvent.objects.create(

@@ -14,6 +14,7 @@ class SliceOutcome(StrEnum):
     CONTINUED = "continued"  # nothing to make way for: the next slice follows at once
     FAILED = "failed"  # the workload raised; the job rolls back to its last checkpoint
     LOST = "lost"  # the worker vanished mid-slice
+    FAULT = "fault"  # the infrastructure failed under it (checkpoint storage); not the job's fault
 
 
 class BoundaryAction(StrEnum):

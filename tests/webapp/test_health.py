@@ -10,7 +10,7 @@ def test_healthz_is_503_without_gpu_workers(client):
     body = response.json()
     assert response.status_code == 503
     assert body["checks"]["database"]["ok"] and body["checks"]["broker"]["ok"]
-    assert body["checks"]["workers"] == {"ok": False, "gpu_workers": []}
+    assert body["checks"]["workers"] == {"ok": False, "gpu_workers": [], "degraded": {}}
 
 
 @pytest.mark.integration

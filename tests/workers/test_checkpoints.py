@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.checkpoints import MAGIC, CheckpointError, CheckpointStore
+from workers.checkpoints import MAGIC, CheckpointError, CheckpointStore, StorageError
 
 
 @pytest.fixture
@@ -68,3 +68,32 @@ def test_a_file_from_another_job_is_rejected(store):
     store.path(7, 1).write_bytes(store.path(8, 1).read_bytes())
     with pytest.raises(CheckpointError, match="belongs to job 8"):
         store.read(7, 1)
+
+
+def test_a_full_disk_is_a_storage_error_and_leaves_no_partial_file(tiny_filesystem):
+    from tests.harness import fill
+
+    store = CheckpointStore(tiny_filesystem / "ckpt")
+    store.write(7, 1, b"first")
+    fill(tiny_filesystem)
+    with pytest.raises(StorageError, match="No space left"):
+        store.write(7, 2, b"x" * 200_000)
+    assert sorted(p.name for p in store.job_dir(7).iterdir()) == ["gen-00000001.ckpt"]
+    assert store.read(7, 1) == b"first"
+
+
+def test_a_storage_that_cannot_be_read_is_not_a_reason_to_fall_back(store, monkeypatch):
+    """An I/O error says nothing about the checkpoint: falling back to an older generation, or to
+    the beginning, would throw work away for a fault of the disk."""
+    import errno
+    from pathlib import Path
+
+    store.write(7, 1, b"one")
+    store.write(7, 2, b"two")
+
+    def eio(self):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(Path, "read_bytes", eio)
+    with pytest.raises(StorageError, match="Input/output error"):
+        store.restore(7, 2)
