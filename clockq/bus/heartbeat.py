@@ -50,9 +50,7 @@ def degraded_workers() -> dict[str, str]:
     keys = sorted(r.scan_iter(match=DEGRADED_PREFIX + "*", count=500))
     if not keys:
         return {}
-    return {
-        _text(key)[len(DEGRADED_PREFIX) :]: _text(raw) for key, raw in zip(keys, r.mget(keys), strict=True) if raw
-    }
+    return {_text(key)[len(DEGRADED_PREFIX) :]: _text(raw) for key, raw in zip(keys, r.mget(keys), strict=True) if raw}
 
 
 def _text(value: bytes | str) -> str:
