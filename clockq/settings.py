@@ -214,9 +214,15 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # slices, to keep Redis from re-delivering a message whose task is still working. A re-delivery
 # is harmless anyway: the claim's compare-and-set drops it.
 VISIBILITY_TIMEOUT_S = env_int("CLOCKQ_VISIBILITY_TIMEOUT_S", 6 * 3600, min_value=60)
+# A broker that hangs (paused, a half-open connection) must fail a command in this time, not
+# block it: a web request that publishes, or a slice boundary, would otherwise wait as long as
+# the broker does. Commands on a healthy Redis take well under a millisecond.
+CLOCKQ_BROKER_TIMEOUT_S = env_float("CLOCKQ_BROKER_TIMEOUT_S", 0.5, min_value=0.05, max_value=60.0)
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "queue_order_strategy": "priority",
     "visibility_timeout": VISIBILITY_TIMEOUT_S,
+    "socket_timeout": CLOCKQ_BROKER_TIMEOUT_S,
+    "socket_connect_timeout": CLOCKQ_BROKER_TIMEOUT_S,
 }
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 

@@ -12,11 +12,15 @@ from redis.retry import Retry
 
 @cache
 def client() -> redis.Redis:
-    # One immediate retry (a connection gone stale across a broker restart), no backoff: this
-    # client is used at slice boundaries, where a dead broker must cost milliseconds, not the
-    # seconds of redis-py's default retry policy.
+    # Used at slice boundaries and in web requests, where a dead or paused broker must cost a
+    # fraction of a second (CLOCKQ_BROKER_TIMEOUT_S), not the seconds of redis-py's defaults. One
+    # immediate retry, on a connection gone stale across a broker restart, but not on a timeout.
+    timeout = settings.CLOCKQ_BROKER_TIMEOUT_S
     return redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2, retry=Retry(NoBackoff(), 1)
+        settings.REDIS_URL,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
     )
 
 

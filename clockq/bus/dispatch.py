@@ -12,9 +12,11 @@ from clockq.policy.tiers import QUEUES_IN_ORDER
 log = logging.getLogger("clockq.dispatch")
 
 RUN_SLICE_TASK = "clockq.run_slice"
-# Publishing must not hang a web request or a slice boundary when the broker is down: the job
-# is already queued in the database and the reconciler re-sends it.
-_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+# Publishing must not hang a web request or a slice boundary when the broker is down or paused:
+# the job is already queued in the database and the reconciler re-sends it. One immediate retry
+# (a pooled connection gone stale across a broker restart); each try gives up after
+# CLOCKQ_BROKER_TIMEOUT_S.
+_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0, "interval_max": 0}
 
 
 def send_run_slice(job_id: int, token: str, queue_name: str) -> None:

@@ -1,0 +1,58 @@
+"""A paused broker (SIGSTOP: the port still accepts connections, nothing answers) never holds a
+web request for more than about a second. The submit commits; the reconciler sends its message
+once the broker is back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from contextlib import contextmanager
+
+import pytest
+from django.test import override_settings
+
+from clockq.bus import queues
+from clockq.jobs.models import Job
+from tests.helpers import token_auth
+from workers.reconcile import reconcile_queued_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the wake-up is sent on commit
+
+GOOD = {"name": "while-paused", "tier": "SP", "workload": "synthetic", "params": {"steps": 1}}
+
+
+@contextmanager
+def paused(redis_server):
+    os.kill(redis_server.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(redis_server.proc.pid, signal.SIGCONT)
+
+
+def timed(call):
+    t0 = time.monotonic()
+    result = call()
+    return result, time.monotonic() - t0
+
+
+@override_settings(CLOCKQ_REDISPATCH_GRACE_S=0)
+def test_a_submit_during_a_broker_pause_answers_fast_and_the_job_is_sent_later(client, alice, redis_server):
+    auth = token_auth(alice)
+    with paused(redis_server):
+        response, elapsed = timed(
+            lambda: client.generic("POST", "/api/jobs", json.dumps(GOOD), content_type="application/json", **auth)
+        )
+        health, health_elapsed = timed(lambda: client.get("/healthz"))
+    assert response.status_code == 201 and elapsed < 1.5, elapsed
+    assert health.status_code == 503 and health.json()["checks"]["broker"]["ok"] is False
+    assert health_elapsed < 1.5, health_elapsed
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.state == "queued" and queues.waiting_by_rank()[2] == 0  # committed, not sent
+
+    # Once the broker answers again, the reconciler sends it, with a new token.
+    assert reconcile_queued_jobs() == 1
+    assert queues.waiting_by_rank()[2] == 1
+    assert Job.objects.get(pk=job.pk).dispatch_token != job.dispatch_token
