@@ -38,6 +38,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",  # the OpenAPI schema at /api/schema
     "knox",  # API tokens, stored hashed
     "axes",  # login throttling and lockout
     "django_celery_beat",
@@ -163,6 +164,13 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "webapp.api_errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "clockq API",
+    "DESCRIPTION": "Submit, follow and cancel GPU jobs. Authenticate with `Authorization: Token <token>`.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
 }
 REST_KNOX = {
     "TOKEN_TTL": timedelta(days=env_int("CLOCKQ_API_TOKEN_TTL_DAYS", 90, min_value=1, max_value=3650)),
