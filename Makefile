@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # GPU hosts: make run REQUIREMENTS=requirements-gpu.txt (CUDA build of TensorFlow).
 REQUIREMENTS ?= requirements.txt
 
-.PHONY: run demo test test-all lint format bench clean
+.PHONY: run demo test test-all browser lint format bench clean
 
 $(STAMP): $(REQUIREMENTS) requirements-base.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,31 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) manage.py runstack --demo
 
-test: $(STAMP)
+# The browser tests (tests/webapp/test_browser.py) drive Debian's Chromium; Playwright never
+# downloads a browser here. Installed only when missing; without root or sudo, a note, and those
+# tests skip, saying why.
+CHROMIUM := /usr/bin/chromium
+APT_CHROMIUM := env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "NOTE: $(CHROMIUM) is missing and there is no apt-get: the browser tests will be skipped."; \
+	elif [ "$$(id -u)" = 0 ]; then SUDO=; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	else echo "NOTE: $(CHROMIUM) is missing and installing it needs root (apt-get install chromium):" \
+		"the browser tests will be skipped."; fi; \
+	if [ ! -x $(CHROMIUM) ] && [ -n "$${SUDO+set}" ]; then \
+		echo "Installing Chromium (Debian package) for the browser tests"; \
+		{ $$SUDO apt-cache show chromium >/dev/null 2>&1 && $$SUDO $(APT_CHROMIUM); } \
+			|| { $$SUDO apt-get update -q && $$SUDO $(APT_CHROMIUM); } \
+			|| echo "NOTE: installing chromium failed: the browser tests will be skipped."; \
+	fi
+
+test: $(STAMP) browser
 	$(PY) -m pytest -m "not slow"
 
-test-all: $(STAMP)
+test-all: $(STAMP) browser
 	$(PY) -m pytest
 
 # The layer contracts (pyproject.toml, [tool.importlinter]), ruff, and mypy on the core and workers.

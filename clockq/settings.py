@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -106,8 +107,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    # Tests with worker processes need a file, not an in-memory database.
-    _db["TEST"] = {"NAME": str(VAR_DIR / "test-clockq.sqlite3")}
+    # Tests with worker processes need a file, not an in-memory database; one per test run, so
+    # two runs in one checkout never share it (workers are given its path explicitly).
+    _db["TEST"] = {"NAME": str(VAR_DIR / f"test-clockq-{os.getpid()}.sqlite3")}
     Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
 elif _db["ENGINE"] == "django.db.backends.postgresql":
     _db["CONN_HEALTH_CHECKS"] = True
@@ -235,8 +237,14 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
 RECONCILE_EVERY_S = env_int("CLOCKQ_RECONCILE_EVERY_S", 15, min_value=1)
+RETENTION_EVERY_S = env_int("CLOCKQ_RETENTION_EVERY_S", 3600, min_value=1)
 REAP_EVERY_S = env_int("CLOCKQ_REAP_EVERY_S", 10, min_value=1)
 CELERY_BEAT_SCHEDULE = {
+    "delete-old-checkpoints": {
+        "task": "clockq.delete_old_checkpoints",
+        "schedule": float(RETENTION_EVERY_S),
+        "options": {"queue": CONTROL_QUEUE, "expires": RETENTION_EVERY_S},
+    },
     "reconcile-queued-jobs": {
         "task": "clockq.reconcile_queued_jobs",
         "schedule": float(RECONCILE_EVERY_S),
@@ -276,6 +284,12 @@ CLOCKQ_MAX_SLICE_MS = env_int("CLOCKQ_MAX_SLICE_MS", 5000, min_value=1, max_valu
 # Warm resume: live workloads a worker keeps after yielding them, bounded by count and state size.
 CLOCKQ_WARM_CACHE_JOBS = env_int("CLOCKQ_WARM_CACHE_JOBS", 2, min_value=0, max_value=64)
 CLOCKQ_WARM_CACHE_MB = env_int("CLOCKQ_WARM_CACHE_MB", 512, min_value=0)
+# Per-user limits, unless the admin sets other ones for a user (Quotas): jobs queued, running or
+# held at once, and checkpoint storage (what finished jobs keep counts until retention ends).
+CLOCKQ_QUOTA_ACTIVE_JOBS = env_int("CLOCKQ_QUOTA_ACTIVE_JOBS", 500, min_value=1)
+CLOCKQ_QUOTA_CHECKPOINT_MB = env_int("CLOCKQ_QUOTA_CHECKPOINT_MB", 20 * 1024, min_value=1)
+# Checkpoints of finished jobs are deleted this long after they finish.
+CLOCKQ_CHECKPOINT_RETENTION_S = env_int("CLOCKQ_CHECKPOINT_RETENTION_S", 86_400, min_value=0)
 # GPU telemetry sampling interval while a slice runs.
 CLOCKQ_SAMPLE_EVERY_S = env_float("CLOCKQ_SAMPLE_EVERY_S", 0.01, min_value=0.001, max_value=10.0)
 

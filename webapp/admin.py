@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.forms.models import BaseInlineFormSet
 from django.utils import timezone
 
-from clockq.jobs import services
-from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
+from clockq.jobs import quotas, services
+from clockq.jobs.models import Job, JobEvent, QueueTier, Slice, UserQuota
 from webapp.forms import JobSubmitForm
 
 
@@ -24,6 +25,31 @@ class QueueTierAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(UserQuota)
+class UserQuotaAdmin(admin.ModelAdmin):
+    """Per-user limits. Users without a row here, and empty fields, get the defaults below."""
+
+    list_display = ["user", "max_active_jobs", "max_checkpoint_mb", "active_jobs", "checkpoint_mb_used"]
+    autocomplete_fields = ["user"]
+
+    def changelist_view(self, request, extra_context=None):
+        defaults = (
+            f"Defaults: {settings.CLOCKQ_QUOTA_ACTIVE_JOBS} active jobs (CLOCKQ_QUOTA_ACTIVE_JOBS) and "
+            f"{settings.CLOCKQ_QUOTA_CHECKPOINT_MB} MB of checkpoints (CLOCKQ_QUOTA_CHECKPOINT_MB) per user; "
+            f"finished jobs' checkpoints are deleted after {settings.CLOCKQ_CHECKPOINT_RETENTION_S} s."
+        )
+        messages.info(request, defaults)
+        return super().changelist_view(request, extra_context)
+
+    @admin.display(description="active jobs now")
+    def active_jobs(self, quota):
+        return Job.objects.filter(owner=quota.user, state__in=quotas.ACTIVE).count()
+
+    @admin.display(description="checkpoint MB now")
+    def checkpoint_mb_used(self, quota):
+        return round(quotas.checkpoint_bytes_of(quota.user_id) / quotas.MB, 1)
 
 
 class RecentRowsFormSet(BaseInlineFormSet):
@@ -81,6 +107,9 @@ class JobAddForm(JobSubmitForm, forms.ModelForm):
 
     def submitter_is_staff(self) -> bool:
         return True
+
+    def quota_owner(self):
+        return self.cleaned_data.get("owner")
 
 
 class JobChangeForm(forms.ModelForm):

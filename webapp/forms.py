@@ -7,7 +7,7 @@ import json
 from django import forms
 from django.utils import timezone
 
-from clockq.jobs import workloads
+from clockq.jobs import quotas, workloads
 from clockq.policy.tiers import TIER_CODES
 
 MAX_PARAMS_BYTES = 16 * 1024
@@ -34,6 +34,10 @@ class JobSubmitForm(forms.Form):
 
     def submitter_is_staff(self) -> bool:
         return bool(self.user and self.user.is_staff)
+
+    def quota_owner(self):
+        """Whose quota the job counts against: the submitter's own."""
+        return self.user
 
     def submission(self) -> dict:
         """The cleaned input as keyword arguments for services.submit_job."""
@@ -71,4 +75,10 @@ class JobSubmitForm(forms.Form):
                 self.add_error("workload", str(exc))
             except workloads.ParamsError as exc:
                 self.add_error("params", "; ".join(f"{k}: {v}" for k, v in exc.errors.items()))
+        owner = self.quota_owner()
+        if owner is not None and not self.errors:
+            try:
+                quotas.check_submit(owner, workloads.declared_state_bytes(workload, cleaned["params"]))
+            except quotas.QuotaExceeded as exc:
+                self.add_error(None, str(exc))
         return cleaned

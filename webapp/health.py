@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
+
+from django.conf import settings
 from django.db import connection
+from django.db.models import Sum
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
 from clockq.bus import gpu_samples, heartbeat
 from clockq.bus.client import client, ping
+from clockq.jobs.models import Job
+from clockq.jobs.quotas import KEPT_GENERATIONS
 
 
 @require_GET
@@ -33,8 +39,29 @@ def healthz(request):
     healthy = [w for w in gpu_workers if w not in degraded]
     checks["workers"] = {"ok": bool(healthy), "gpu_workers": gpu_workers, "degraded": degraded}
     ok = all(c["ok"] for c in checks.values())
-    body = {"status": "ok" if ok else "unavailable", "checks": checks, "gpu_errors": _gpu_errors(checks)}
+    body = {
+        "status": "ok" if ok else "unavailable",
+        "checks": checks,
+        "gpu_errors": _gpu_errors(checks),
+        "checkpoints": _checkpoint_storage(checks),
+    }
     return JsonResponse(body, status=200 if ok else 503)
+
+
+def _checkpoint_storage(checks: dict) -> dict:
+    """The checkpoint folder's disk as this host sees it (with many hosts it is shared storage),
+    and what clockq's jobs hold on it. Shown, not a reason for 503: a full disk degrades the
+    workers, which say so above."""
+    info: dict = {"path": str(settings.CLOCKQ_CHECKPOINT_DIR)}
+    try:
+        usage = shutil.disk_usage(settings.CLOCKQ_CHECKPOINT_DIR)
+        info.update(total_bytes=usage.total, free_bytes=usage.free, used_fraction=round(usage.used / usage.total, 4))
+    except OSError as exc:
+        info["error"] = f"not readable from this host: {exc.strerror or exc}"
+    if checks["database"]["ok"]:
+        total = Job.objects.aggregate(total=Sum("checkpoint_bytes"))["total"] or 0
+        info["held_by_jobs_bytes"] = KEPT_GENERATIONS * total
+    return info
 
 
 def _gpu_errors(checks: dict) -> dict[str, str]:

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,15 @@ class CheckpointStore:
                 log.warning("job %s: checkpoint generation %s rejected: %s", job_id, gen, exc)
                 skipped.append(str(exc))
         return Restored(0, None, tuple(skipped))
+
+    def delete_job(self, job_id: int) -> None:
+        """Delete everything kept for a job: its checkpoints and its work folder."""
+        try:
+            shutil.rmtree(self.job_dir(job_id))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StorageError(f"deleting the checkpoints of job {job_id}: {exc}") from exc
 
     def _prune(self, job_id: int, keep_from: int) -> None:
         """Delete generations older than `keep_from`; best effort, the next write tries again."""

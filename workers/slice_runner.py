@@ -26,7 +26,9 @@ from redis import RedisError
 
 from clockq.bus import queues, signals
 from clockq.bus.client import client
+from clockq.jobs import quotas
 from clockq.jobs.models import Job, JobEvent, Slice
+from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.transitions import transition
 from clockq.policy.slicing import (
     Boundary,
@@ -73,24 +75,28 @@ class ClaimedJob:
 
     id: int
     dispatch_token: str
+    owner_id: int
     tier_id: int
     workload: str
     params: dict[str, Any]
     deadline: datetime | None
     progress: float
     checkpoint_generation: int
+    checkpoint_bytes: int
     util_ewma: float | None
     switch_cost_ms: float | None
 
     FIELDS: ClassVar[tuple[str, ...]] = (
         "id",
         "dispatch_token",
+        "owner_id",
         "tier_id",
         "workload",
         "params",
         "deadline",
         "progress",
         "checkpoint_generation",
+        "checkpoint_bytes",
         "util_ewma",
         "switch_cost_ms",
     )
@@ -223,12 +229,14 @@ class JobRun:
         self.token = job.dispatch_token
         self.tier: TierInfo = runtime.tiers.get(job.tier_id)
         self.generation = job.checkpoint_generation
+        self.checkpoint_bytes = job.checkpoint_bytes  # size of the newest checkpoint
         self.progress = job.progress
         self.util_ewma = job.util_ewma
         self.switch_cost_ms = job.switch_cost_ms
         # What the database holds as the last good checkpoint; a failure rolls back to it.
         self.saved_generation = self.generation
         self.saved_progress = self.progress
+        self.saved_checkpoint_bytes = self.checkpoint_bytes
         self.last_checkpoint_at = time.monotonic()
         self.claim_ms = claim_ms
         self.restore_ms = 0.0
@@ -259,6 +267,8 @@ class JobRun:
             return self._after_failure(exc.__cause__ or exc, record)
         except StorageError as exc:
             return self._after_storage_fault(exc, record)
+        except QuotaExceeded as exc:
+            return self._after_quota_exceeded(exc, record)
         finally:
             self.runtime.leases.release()
             self.runtime.probe_load(None)
@@ -440,13 +450,18 @@ class JobRun:
             self._save_slice(record, SliceOutcome.CONTINUED, ended_at=now)
         if checkpointed:
             self.saved_generation, self.saved_progress = self.generation, self.progress
+            self.saved_checkpoint_bytes = self.checkpoint_bytes
 
     def _checkpoint(self, workload: Workload, record: SliceRecord) -> None:
         t0 = time.perf_counter()
         with workload_errors():
             state = workload.state_dict()
+        if len(state) > self.checkpoint_bytes:
+            # The state grew (or this is the first checkpoint): does the owner have room for it?
+            quotas.check_checkpoint(self.job_id, self.job.owner_id, len(state))
         # Outside workload_errors: a storage failure raises StorageError, which is not the job's.
         record.checkpoint_bytes = self.runtime.store.write(self.job_id, self.generation + 1, state)
+        self.checkpoint_bytes = len(state)
         self.runtime.storage_works()
         record.checkpoint_ms = (time.perf_counter() - t0) * 1000
         self.generation += 1
@@ -458,6 +473,7 @@ class JobRun:
             "run_ms": F("run_ms") + int(record.used_ms),
             "slice_count": F("slice_count") + 1,
             "checkpoint_generation": self.generation,
+            "checkpoint_bytes": self.checkpoint_bytes,
             "util_ewma": self.util_ewma,
         }
 
@@ -515,6 +531,7 @@ class JobRun:
         # The failed slice's own work is discarded: progress and generation go back to the
         # last checkpoint the database knows.
         self.generation, self.progress = self.saved_generation, self.saved_progress
+        self.checkpoint_bytes = self.saved_checkpoint_bytes
         extra: dict[str, Any] = {"failures": failures, "last_error": error}
         if give_up:
             extra["finished_at"] = timezone.now()
@@ -529,6 +546,7 @@ class JobRun:
         checkpoint, its failure count untouched, and this worker backs off."""
         log.warning("job %s: %s", self.job_id, exc)
         self.generation, self.progress = self.saved_generation, self.saved_progress
+        self.checkpoint_bytes = self.saved_checkpoint_bytes
         reason = (
             f"checkpoint storage failed ({exc}); not counted against the job, "
             f"back in the queue from checkpoint generation {self.saved_generation}"
@@ -539,6 +557,25 @@ class JobRun:
             return RunOutcome.LOST_OWNERSHIP
         self.runtime.storage_failed(str(exc))
         return RunOutcome.STORAGE_FAULT
+
+    def _after_quota_exceeded(self, exc: QuotaExceeded, record: SliceRecord) -> RunOutcome:
+        """The job's state outgrew its owner's storage quota. Retrying would only fail again, so
+        the job fails at once, keeping its last good checkpoint; an operator can raise the quota
+        and requeue it."""
+        log.warning("job %s: %s", self.job_id, exc)
+        self.generation, self.progress = self.saved_generation, self.saved_progress
+        self.checkpoint_bytes = self.saved_checkpoint_bytes
+        try:
+            self._end(
+                record,
+                SliceOutcome.FAILED,
+                JobState.FAILED,
+                str(exc)[:1000],
+                {"last_error": str(exc), "finished_at": timezone.now()},
+            )
+        except LostOwnership:
+            return RunOutcome.LOST_OWNERSHIP
+        return RunOutcome.FAILED
 
     def _note(self, reason: str) -> None:
         JobEvent.objects.create(

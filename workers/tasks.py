@@ -9,7 +9,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 
 from clockq.bus.dispatch import RUN_SLICE_TASK
-from workers import heartbeat, reaper, reconcile, runtime, shutdown
+from workers import heartbeat, reaper, reconcile, retention, runtime, shutdown
 from workers.probes import make_probe
 from workers.slice_runner import RunOutcome, run_dispatch
 
@@ -35,6 +35,11 @@ def reconcile_queued_jobs() -> int:
 @shared_task(name="clockq.reap_expired_leases", ignore_result=True)
 def reap_expired_leases() -> int:
     return reaper.reap_expired_leases()
+
+
+@shared_task(name="clockq.delete_old_checkpoints", ignore_result=True)
+def delete_old_checkpoints() -> int:
+    return retention.delete_old_checkpoints()
 
 
 @worker_ready.connect

@@ -69,6 +69,10 @@ class Job(models.Model):
 
     slice_count = models.PositiveIntegerField(default=0)
     checkpoint_generation = models.PositiveIntegerField(default=0)
+    # Size of the newest checkpoint; the store keeps two generations, so the job holds about
+    # twice this on disk until retention deletes its checkpoints (then 0).
+    checkpoint_bytes = models.PositiveBigIntegerField(default=0)
+    checkpoints_deleted_at = models.DateTimeField(null=True, blank=True)
     dispatch_token = models.CharField(max_length=32, default=new_token)
     dispatched_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="")
@@ -95,6 +99,22 @@ class Job(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+
+class UserQuota(models.Model):
+    """A user's limits, where they differ from the defaults in settings (an empty field means
+    the default). Checked when a job is submitted, and when a job's checkpoint grows."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="quota")
+    max_active_jobs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Queued, running and held jobs at once. Empty: CLOCKQ_QUOTA_ACTIVE_JOBS."
+    )
+    max_checkpoint_mb = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Checkpoint storage, in MB. Empty: CLOCKQ_QUOTA_CHECKPOINT_MB."
+    )
+
+    def __str__(self) -> str:
+        return f"quota of {self.user}"
 
 
 class Slice(models.Model):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
 from clockq.bus import signals
 from clockq.bus.client import client
 from clockq.bus.dispatch import publish_dispatch
+from clockq.jobs import quotas, workloads
 from clockq.jobs.models import Job, JobEvent, QueueTier
 from clockq.jobs.transitions import Changed, transition
 from clockq.policy.slicing import PendingAction
@@ -31,10 +33,14 @@ def submit_job(
     gpu_mem_mib: int | None = None,
     actor: str | None = None,
 ) -> Job:
-    """Create a queued job from already-validated input and send its wake-up message."""
+    """Create a queued job from already-validated input and send its wake-up message. Raises
+    QuotaExceeded when the owner is at a limit."""
     tier = QueueTier.objects.get(code=tier_code)
     now = timezone.now()
     with transaction.atomic():
+        # One submit at a time per owner, so two at once cannot both slip under a quota.
+        get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
+        quotas.check_submit(owner, workloads.declared_state_bytes(workload, params))
         job = Job.objects.create(
             owner=owner,
             name=name,

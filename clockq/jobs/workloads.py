@@ -25,6 +25,9 @@ class WorkloadSpec:
     name: str
     params: Schema
     staff_only: bool = False  # runs code the user brings: staff only
+    # The param that declares the size of the job's state in KB, where there is one: the
+    # storage quota counts it at submit. Other workloads are counted by what they checkpoint.
+    state_kb_param: str | None = None
 
 
 SPECS: dict[str, WorkloadSpec] = {
@@ -41,6 +44,7 @@ SPECS: dict[str, WorkloadSpec] = {
                 "fail_at_step": Int(-1, 10_000_000, default=-1),
                 "fail_times": Int(0, 1_000_000, default=0),
             },
+            state_kb_param="state_kb",
         ),
         WorkloadSpec(
             "matmul",
@@ -91,6 +95,12 @@ def spec(name: Any) -> WorkloadSpec:
         ) from None
 
 
+def declared_state_bytes(name: str, cleaned_params: dict[str, Any]) -> int:
+    """The state size a job's params declare, in bytes (0 when the workload declares none)."""
+    param = spec(name).state_kb_param
+    return int(cleaned_params.get(param, 0)) * 1024 if param else 0
+
+
 def validate(name: Any, params: Any, *, is_staff: bool) -> dict[str, Any]:
     """Check that `name` may be run by this user and return its cleaned params.
 
@@ -102,4 +112,4 @@ def validate(name: Any, params: Any, *, is_staff: bool) -> dict[str, Any]:
     return clean_params(found.params, params)
 
 
-__all__ = ["ParamsError", "UnknownWorkload", "WorkloadSpec", "available", "spec", "validate"]
+__all__ = ["ParamsError", "UnknownWorkload", "WorkloadSpec", "available", "declared_state_bytes", "spec", "validate"]

@@ -1,0 +1,77 @@
+"""Per-user limits: how many jobs may wait or run at once, and how much checkpoint storage a
+user's jobs may hold. The defaults are settings; the admin can set others per user."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Sum
+
+from clockq.jobs.models import Job, UserQuota
+from clockq.policy.states import JobState
+
+MB = 10**6
+ACTIVE = (JobState.QUEUED, JobState.RUNNING, JobState.HELD)
+KEPT_GENERATIONS = 2  # the checkpoint store keeps this many per job
+
+
+class QuotaExceeded(Exception):
+    """A user's limit would be passed. The message says which, by how much, and who can help."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_active_jobs: int
+    max_checkpoint_bytes: int
+
+
+def limits_of(user) -> Limits:
+    row = UserQuota.objects.filter(user=user).first()
+    jobs = row.max_active_jobs if row and row.max_active_jobs is not None else settings.CLOCKQ_QUOTA_ACTIVE_JOBS
+    mb = row.max_checkpoint_mb if row and row.max_checkpoint_mb is not None else settings.CLOCKQ_QUOTA_CHECKPOINT_MB
+    return Limits(jobs, mb * MB)
+
+
+def checkpoint_bytes_of(owner_id: int, *, excluding_job: int | None = None) -> int:
+    """Checkpoint storage a user's jobs hold now, as clockq accounts it."""
+    jobs = Job.objects.filter(owner_id=owner_id, checkpoint_bytes__gt=0)
+    if excluding_job is not None:
+        jobs = jobs.exclude(pk=excluding_job)
+    return KEPT_GENERATIONS * (jobs.aggregate(total=Sum("checkpoint_bytes"))["total"] or 0)
+
+
+def check_submit(user, declared_state_bytes: int = 0) -> None:
+    """Raise QuotaExceeded if `user` may not submit one more job now."""
+    limits = limits_of(user)
+    active = Job.objects.filter(owner=user, state__in=ACTIVE).count()
+    if active >= limits.max_active_jobs:
+        raise QuotaExceeded(
+            f"quota: {user.get_username()} already has {active} queued, running or held jobs, "
+            f"the most allowed ({limits.max_active_jobs}); wait for some to finish, or ask an operator"
+        )
+    used = checkpoint_bytes_of(user.pk)
+    needed = used + KEPT_GENERATIONS * declared_state_bytes
+    if needed > limits.max_checkpoint_bytes:
+        raise QuotaExceeded(
+            f"quota: {user.get_username()}'s jobs hold {used / MB:.0f} MB of checkpoints and this one would need "
+            f"{KEPT_GENERATIONS * declared_state_bytes / MB:.0f} MB more, over the limit of "
+            f"{limits.max_checkpoint_bytes / MB:.0f} MB; finished jobs' checkpoints are deleted after "
+            f"{settings.CLOCKQ_CHECKPOINT_RETENTION_S // 3600} h"
+        )
+
+
+def check_checkpoint(job_id: int, owner_id: int, new_bytes: int) -> None:
+    """Raise QuotaExceeded if keeping a checkpoint of `new_bytes` for this job would put its owner
+    over their storage limit."""
+    from django.contrib.auth import get_user_model
+
+    owner = get_user_model().objects.get(pk=owner_id)
+    limits = limits_of(owner)
+    others = checkpoint_bytes_of(owner_id, excluding_job=job_id)
+    if others + KEPT_GENERATIONS * new_bytes > limits.max_checkpoint_bytes:
+        raise QuotaExceeded(
+            f"quota: a checkpoint of {new_bytes / MB:.1f} MB would put {owner.get_username()}'s checkpoint "
+            f"storage at {(others + KEPT_GENERATIONS * new_bytes) / MB:.0f} MB, over the limit of "
+            f"{limits.max_checkpoint_bytes / MB:.0f} MB"
+        )

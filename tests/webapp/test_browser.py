@@ -1,0 +1,157 @@
+"""A real browser: headless Chromium (the Debian package) driven by Playwright against the live server.
+
+The same flows as test_pages.py and test_admin.py, but typed and clicked: the login page, the submit
+form, the cancel button on the job page, and the admin's hold/release actions. Skipped, saying why,
+where /usr/bin/chromium is missing (`make test` installs it when it can).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from clockq.jobs.models import Job
+from tests.helpers import submit
+
+CHROMIUM = "/usr/bin/chromium"
+# Without the background-networking flags Chromium phones home, and this closed network refuses it.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT_MS = 10_000  # fail fast: every page here is local
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the live server needs committed rows
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} is missing: install the Debian package (apt-get install chromium) or run `make test`")
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an asyncio loop running in this thread, so Django would refuse
+    # every ORM call the test makes ("cannot call this from an async context"). The ORM calls
+    # here are plain synchronous ones; allow them, for this module only.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+
+
+@pytest.fixture
+def page(browser, live_server, transactional_db):
+    context = browser.new_context(base_url=live_server.url)
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def log_in(page, path: str, username: str, password: str) -> None:
+    page.goto(path)
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_load_state()
+
+
+def state_on_page(page):
+    return page.locator("dt", has_text="State").locator("xpath=following-sibling::dd[1]")
+
+
+def test_submit_through_the_form_then_a_bad_params_value(page, alice):
+    log_in(page, "/accounts/login/", "alice", "alice-pass-123")
+    page.get_by_role("link", name="Submit", exact=True).click()
+    page.wait_for_url(re.compile(r"/jobs/new$"))
+
+    page.get_by_label("Name").fill("nightly")
+    page.get_by_label("Tier").select_option("BP")
+    page.get_by_label("Workload").select_option("matmul")
+    page.get_by_label("Params").fill('{"size": 64, "steps": 10}')
+    page.get_by_role("button", name="Submit").click()
+
+    page.wait_for_url(re.compile(r"/jobs/\d+/$"))
+    job = Job.objects.get()
+    assert page.url.endswith(f"/jobs/{job.pk}/")
+    assert page.get_by_role("heading", level=1).inner_text() == f"Job #{job.pk}: nightly"
+    assert page.locator(".messages").inner_text() == f"Job #{job.pk} submitted to BP."
+    assert state_on_page(page).inner_text() == "queued"
+    assert (job.owner.username, job.state, job.tier.code, job.workload) == ("alice", "queued", "BP", "matmul")
+    assert job.params == {"size": 64, "steps": 10}
+
+    # A value out of range: the page says so, keeps what was typed, and nothing is written.
+    page.goto("/jobs/new")
+    page.get_by_label("Name").fill("too-big")
+    page.get_by_label("Workload").select_option("matmul")
+    page.get_by_label("Params").fill('{"size": 99999}')
+    page.get_by_role("button", name="Submit").click()
+    page.wait_for_load_state()
+    assert page.url.endswith("/jobs/new")
+    assert "size: must be between" in page.locator(".errorlist").inner_text()
+    assert page.get_by_label("Name").input_value() == "too-big"
+    assert Job.objects.count() == 1
+
+
+def test_cancel_from_the_job_page(page, alice):
+    job = submit(alice, name="to-cancel")
+    log_in(page, f"/accounts/login/?next=/jobs/{job.pk}/", "alice", "alice-pass-123")
+    page.wait_for_url(re.compile(rf"/jobs/{job.pk}/$"))
+    assert state_on_page(page).inner_text() == "queued"
+
+    page.get_by_role("button", name="Cancel job").click()
+    page.wait_for_url(re.compile(rf"/jobs/{job.pk}/$"))
+    assert page.locator(".messages").inner_text() == f"Job #{job.pk} cancelled."
+    assert state_on_page(page).inner_text() == "cancelled"
+    assert page.get_by_role("button", name="Cancel job").count() == 0  # nothing left to cancel
+    assert Job.objects.get(pk=job.pk).state == "cancelled"
+
+
+def run_admin_action(page, action: str, *jobs: Job) -> None:
+    page.goto("/admin/jobs/job/")
+    for job in jobs:
+        page.get_by_role("checkbox", name=f"Select this object for an action - {job}", exact=True).check()
+    page.get_by_role("combobox", name=re.compile(r"^Action:")).select_option(label=action)
+    page.get_by_role("button", name="Go").click()
+    page.wait_for_load_state()
+
+
+def test_admin_hold_and_release(page, alice, django_user_model):
+    django_user_model.objects.create_superuser("root", "root@example.com", "root-pass-123")
+    first, second, _bystander = (submit(alice, name=n) for n in ("first", "second", "bystander"))
+    log_in(page, "/admin/login/?next=/admin/", "root", "root-pass-123")
+    page.wait_for_url(re.compile(r"/admin/$"))
+
+    run_admin_action(page, "Hold selected jobs", first, second)
+    assert page.locator(".messagelist .success").inner_text() == "Held 2 job(s)."
+    states = dict(Job.objects.values_list("name", "state"))
+    assert states == {"first": "held", "second": "held", "bystander": "queued"}
+
+    run_admin_action(page, "Release selected held jobs", first, second)
+    assert page.locator(".messagelist .success").inner_text() == "Released 2 job(s)."
+    assert set(Job.objects.values_list("state", flat=True)) == {"queued"}
+    assert list(first.events.values_list("reason", "actor")) == [
+        ("submitted to SP", "alice"),
+        ("held", "root"),
+        ("released", "root"),
+    ]
+
+
+def test_no_admin_for_a_user_who_is_not_staff(page, alice):
+    log_in(page, "/accounts/login/", "alice", "alice-pass-123")
+    page.wait_for_url(re.compile(r"/jobs/$"))
+    assert page.locator("header").get_by_text("alice").is_visible()  # logged in
+    assert page.get_by_role("link", name="Admin").count() == 0
+
+    page.goto("/admin/")
+    assert re.search(r"/admin/login/\?next=/admin/$", page.url)
+    assert "not authorized to access this page" in page.locator("body").inner_text()

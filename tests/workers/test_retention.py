@@ -1,0 +1,46 @@
+"""Checkpoints of finished jobs are deleted after the retention period; nothing else is."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from clockq.jobs.models import Job
+from tests.helpers import submit
+from workers.checkpoints import CheckpointStore
+from workers.retention import delete_old_checkpoints
+
+pytestmark = pytest.mark.django_db
+
+
+def test_old_finished_jobs_lose_their_checkpoints_and_others_keep_them(alice, settings):
+    settings.CLOCKQ_CHECKPOINT_RETENTION_S = 3600
+    store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
+    old, recent, waiting = (submit(alice, name=n) for n in ("old", "recent", "waiting"))
+    for job in (old, recent, waiting):
+        store.write(job.pk, 1, b"state" * 100)
+        store.work_dir(job.pk)
+    Job.objects.filter(pk__in=[old.pk, waiting.pk]).update(checkpoint_generation=1, checkpoint_bytes=500)
+    two_hours_ago = timezone.now() - timedelta(hours=2)
+    Job.objects.filter(pk=old.pk).update(state="succeeded", finished_at=two_hours_ago)
+    Job.objects.filter(pk=recent.pk).update(state="failed", finished_at=timezone.now())
+    Job.objects.filter(pk=waiting.pk).update(finished_at=two_hours_ago)  # queued again: keeps them
+
+    assert delete_old_checkpoints() == 1
+    assert delete_old_checkpoints() == 0  # done once
+
+    assert not store.job_dir(old.pk).exists()
+    assert store.job_dir(recent.pk).exists() and store.job_dir(waiting.pk).exists()
+    old.refresh_from_db()
+    assert old.checkpoints_deleted_at and old.checkpoint_bytes == 0 and old.checkpoint_generation == 0
+    assert "checkpoints deleted 3600 s after the job finished" in old.events.last().reason
+
+
+def test_healthz_shows_the_checkpoint_disk(client, alice, settings):
+    settings.CLOCKQ_CHECKPOINT_DIR.mkdir(parents=True, exist_ok=True)
+    job = submit(alice)
+    Job.objects.filter(pk=job.pk).update(checkpoint_bytes=1000)
+    info = client.get("/healthz").json()["checkpoints"]
+    assert info["total_bytes"] > 0 and 0 <= info["used_fraction"] <= 1 and info["held_by_jobs_bytes"] == 2000

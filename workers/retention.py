@@ -1,0 +1,49 @@
+"""Delete the checkpoints of jobs that finished more than CLOCKQ_CHECKPOINT_RETENTION_S ago, so
+finished work does not fill the disk. A periodic task (beat) runs it on the control worker."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from clockq.jobs.models import Job, JobEvent
+from clockq.policy.states import TERMINAL_STATES
+from workers.checkpoints import CheckpointStore, StorageError
+
+log = logging.getLogger("clockq.retention")
+
+
+def delete_old_checkpoints(batch: int = 500) -> int:
+    """One pass. Returns how many jobs' checkpoints were deleted."""
+    cutoff = timezone.now() - timedelta(seconds=settings.CLOCKQ_CHECKPOINT_RETENTION_S)
+    store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
+    due = Job.objects.filter(
+        state__in=TERMINAL_STATES, finished_at__lt=cutoff, checkpoints_deleted_at__isnull=True
+    ).values_list("id", "state")[:batch]
+    deleted = 0
+    for job_id, state in due:
+        # Mark first, only while the job is still finished: an operator who requeues it at the
+        # same moment keeps its checkpoints; one who requeues it later starts it afresh.
+        marked = Job.objects.filter(pk=job_id, state=state, checkpoints_deleted_at__isnull=True).update(
+            checkpoints_deleted_at=timezone.now(), checkpoint_bytes=0, checkpoint_generation=0
+        )
+        if marked != 1:
+            continue
+        try:
+            store.delete_job(job_id)
+        except StorageError as exc:
+            log.warning("%s; it stays on disk", exc)
+        JobEvent.objects.create(
+            job_id=job_id,
+            from_state=state,
+            to_state=state,
+            reason=f"checkpoints deleted {settings.CLOCKQ_CHECKPOINT_RETENTION_S} s after the job finished",
+            actor="retention",
+        )
+        deleted += 1
+    if deleted:
+        log.info("deleted the checkpoints of %s finished job(s)", deleted)
+    return deleted
