@@ -153,7 +153,7 @@ def run_config(args, config: Config, repeat: int, owner, env: dict[str, str], wo
         params = workloads.validate(
             "synthetic",
             {"steps": args.steps, "step_ms": args.step_ms, "state_kb": args.state_kb, "gpu_util": args.gpu_util},
-            is_staff=False,
+            may_run_commands=False,
         )
         ids = [
             submit_job(

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 def rt_params():
     from clockq.jobs import workloads
 
-    return workloads.validate("synthetic", {"steps": 1, "step_ms": 1.0, "state_kb": 0}, is_staff=False)
+    return workloads.validate("synthetic", {"steps": 1, "step_ms": 1.0, "state_kb": 0}, may_run_commands=False)
 
 
 def run_rt_sequence(args, label: str, owner, workers: list[Service], rng: random.Random, busy_ids: list[int]) -> Phase:
@@ -247,7 +247,7 @@ def start_busy_jobs(args, owner, workers: list[Service]) -> list[int]:
             "state_kb": args.busy_state_kb,
             "gpu_util": args.busy_gpu_util,
         },
-        is_staff=False,
+        may_run_commands=False,
     )
     ids = [
         submit_job(owner=owner, name=f"busy-{i}", tier_code=args.busy_tier, workload="synthetic", params=params).pk

@@ -330,7 +330,7 @@ def run_clockq_pair(
     steps = math.ceil(slices_per_job * args.slice_ms / args.step_ms)
     # gpu_util 0.45 makes the slice formula give exactly the base slice (0.9 would give 1.2x).
     spec = {"steps": steps, "step_ms": args.step_ms, "state_kb": state_kb, "gpu_util": 0.45}
-    params = workloads.validate("synthetic", spec, is_staff=False)
+    params = workloads.validate("synthetic", spec, may_run_commands=False)
     jobs = [
         submit_job(owner=owner, name=f"switch-{state_kb}kb-{x}", tier_code="SP", workload="synthetic", params=params)
         for x in "ab"

@@ -24,6 +24,9 @@ from clockq.env import (
 from clockq.policy.tiers import QUEUES_IN_ORDER
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# Every file a clockq process makes (the SQLite database, secrets, checkpoints, logs) is its own:
+# other users, the sandboxed command user among them, cannot read it.
+os.umask(0o077)
 VAR_DIR = Path(env_str("CLOCKQ_VAR_DIR") or BASE_DIR / "var")
 
 SECRET_KEY = env_str("SECRET_KEY") or persistent_secret(VAR_DIR / "secret_key")
@@ -292,6 +295,16 @@ CLOCKQ_QUOTA_CHECKPOINT_MB = env_int("CLOCKQ_QUOTA_CHECKPOINT_MB", 20 * 1024, mi
 CLOCKQ_CHECKPOINT_RETENTION_S = env_int("CLOCKQ_CHECKPOINT_RETENTION_S", 86_400, min_value=0)
 # GPU telemetry sampling interval while a slice runs.
 CLOCKQ_SAMPLE_EVERY_S = env_float("CLOCKQ_SAMPLE_EVERY_S", 0.01, min_value=0.001, max_value=10.0)
+
+# The `command` workload runs a user's program as this unprivileged user (workers running as
+# root make it if missing), with these limits; 0 means no limit. Address space is unlimited by
+# default because CUDA reserves far more virtual memory than it uses.
+CLOCKQ_COMMAND_USER = env_str("CLOCKQ_COMMAND_USER") or "clockq-job"
+CLOCKQ_ALLOW_SAME_USER_COMMANDS = env_bool("CLOCKQ_ALLOW_SAME_USER_COMMANDS", False)
+CLOCKQ_COMMAND_CPU_S = env_int("CLOCKQ_COMMAND_CPU_S", 7 * 86_400, min_value=0)
+CLOCKQ_COMMAND_MEMORY_MB = env_int("CLOCKQ_COMMAND_MEMORY_MB", 0, min_value=0)
+CLOCKQ_COMMAND_MAX_FILES = env_int("CLOCKQ_COMMAND_MAX_FILES", 4096, min_value=0, max_value=1_048_576)
+CLOCKQ_COMMAND_MAX_FILE_MB = env_int("CLOCKQ_COMMAND_MAX_FILE_MB", 50 * 1024, min_value=0)
 
 CLOCKQ_WORKLOADS = {
     "synthetic": "workers.workloads.synthetic.SyntheticWorkload",

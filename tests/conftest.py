@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
@@ -31,14 +35,26 @@ def _point_at_private_redis(redis_server):
     yield
 
 
+@pytest.fixture
+def crossable_dir():
+    """A temporary folder that other users can cross but not list (0711), like var/ under
+    `make run`: the sandboxed command user must reach its work folder inside it. pytest's own
+    tmp_path lives under a 0700 folder."""
+    path = Path(tempfile.mkdtemp(prefix="clockq-test-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
-def _clean_slate(request, redis_server, tmp_path, settings):
+def _clean_slate(request, redis_server, crossable_dir, settings):
     from clockq.bus.client import client
 
     client().flushall()
     cache.clear()  # throttle counters
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins
-    settings.CLOCKQ_CHECKPOINT_DIR = tmp_path / "checkpoints"
+    settings.CLOCKQ_CHECKPOINT_DIR = crossable_dir / "checkpoints"
+    settings.CLOCKQ_ALLOW_SAME_USER_COMMANDS = os.geteuid() != 0  # as root, commands are sandboxed
     marker = request.node.get_closest_marker("django_db")
     if marker or {"db", "transactional_db"} & set(request.fixturenames):
         # Transactional tests flush every table, the seeded tiers included.
@@ -58,6 +74,16 @@ def alice(django_user_model):
 @pytest.fixture
 def bob(django_user_model):
     return django_user_model.objects.create_user("bob", password="bob-pass-123")
+
+
+@pytest.fixture
+def operator(django_user_model):
+    """Staff with the permission to run their own programs (the command workload)."""
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user("oscar", password="oscar-pass-123", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="run_command"))
+    return django_user_model.objects.get(pk=user.pk)
 
 
 @pytest.fixture
@@ -85,6 +111,7 @@ def start_workers(transactional_db, redis_server, settings, tmp_path):
             env={
                 "DATABASE_URL": database_url(),
                 "CLOCKQ_CHECKPOINT_DIR": str(settings.CLOCKQ_CHECKPOINT_DIR),
+                "CLOCKQ_ALLOW_SAME_USER_COMMANDS": "1" if settings.CLOCKQ_ALLOW_SAME_USER_COMMANDS else "0",
                 "CLOCKQ_LOG_LEVEL": "INFO",
                 **env,
             },

@@ -7,6 +7,7 @@ Nothing here touches a process it did not start.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -149,3 +150,19 @@ def fill(directory, name: str = "filler") -> None:
                 fh.write(b"\0")
         except OSError:
             pass
+
+
+def program_python() -> str:
+    """A Python the sandboxed command user can run. As root, jobs' programs run as an
+    unprivileged user, who cannot reach an interpreter under /root (where pyenv and the venv may
+    live): use the system's. Otherwise this one."""
+    system = "/usr/bin/python3"
+    return system if os.geteuid() == 0 and os.access(system, os.X_OK) else sys.executable
+
+
+def shared_copy(source: Path, folder: Path) -> str:
+    """Copy a test program into `folder` (crossable), readable by every user; returns its path."""
+    target = folder / source.name
+    shutil.copyfile(source, target)
+    target.chmod(0o644)
+    return str(target)

@@ -22,7 +22,7 @@ def token_auth(user, days: int | None = None) -> dict:
 
 
 def submit(owner, tier: str = "SP", name: str = "job", workload: str = "synthetic", **params) -> Job:
-    cleaned = workloads.validate(workload, params, is_staff=owner.is_staff)
+    cleaned = workloads.validate(workload, params, may_run_commands=owner.has_perm("jobs.run_command"))
     return services.submit_job(owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned)
 
 

@@ -8,9 +8,9 @@ from django.contrib import admin, messages
 from django.forms.models import BaseInlineFormSet
 from django.utils import timezone
 
-from clockq.jobs import quotas, services
+from clockq.jobs import quotas, services, workloads
 from clockq.jobs.models import Job, JobEvent, QueueTier, Slice, UserQuota
-from webapp.forms import JobSubmitForm
+from webapp.forms import JobSubmitForm, storable_deadline
 
 
 @admin.register(QueueTier)
@@ -105,8 +105,10 @@ class JobAddForm(JobSubmitForm, forms.ModelForm):
         model = Job
         fields = ["owner"]
 
-    def submitter_is_staff(self) -> bool:
-        return True
+    submitter = None  # the admin user, set per request by JobAdmin.get_form
+
+    def may_run_commands(self) -> bool:
+        return bool(self.submitter and self.submitter.has_perm(workloads.RUN_COMMAND_PERMISSION))
 
     def quota_owner(self):
         return self.cleaned_data.get("owner")
@@ -118,7 +120,7 @@ class JobChangeForm(forms.ModelForm):
         fields = ["name", "deadline"]
 
     def clean_deadline(self):
-        deadline = self.cleaned_data.get("deadline")
+        deadline = storable_deadline(self.cleaned_data.get("deadline"))
         if deadline and deadline != self.initial.get("deadline") and deadline <= timezone.now():
             raise forms.ValidationError("The deadline must be in the future.")
         return deadline
@@ -214,8 +216,10 @@ class JobAdmin(admin.ModelAdmin):
         if obj is None:
             # Only the owner is a model field here; the rest are the submit form's own fields.
             kwargs.update(form=JobAddForm, fields=JobAddForm.Meta.fields)
-        else:
-            kwargs["form"] = JobChangeForm
+            form = super().get_form(request, obj, **kwargs)
+            # The permission to run commands is the admin user's own, not the owner's.
+            return type(form.__name__, (form,), {"submitter": request.user})
+        kwargs["form"] = JobChangeForm
         return super().get_form(request, obj, **kwargs)
 
     def get_readonly_fields(self, request, obj=None):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from django.db.models import Count
 from django.shortcuts import get_object_or_404
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ParseError
@@ -16,11 +19,77 @@ from clockq.jobs.models import Job, QueueTier
 from clockq.policy.states import JobState
 from webapp.access import visible_jobs
 from webapp.forms import JobSubmitForm
-from webapp.serializers import EventSerializer, JobSerializer, SliceSerializer
+from webapp.serializers import (
+    ErrorSerializer,
+    EventSerializer,
+    JobDetailSerializer,
+    JobPageSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+    QueuesSerializer,
+    SliceSerializer,
+)
 
 SUBMIT_FIELDS = {"name", "tier", "workload", "params", "deadline", "gpu_mem_mib"}
 
+# The answers every API call may get, besides its own (for the OpenAPI schema, GET /api/schema).
+COMMON_ERRORS = {
+    401: OpenApiResponse(ErrorSerializer, description="No credentials, or a wrong or expired token."),
+    429: OpenApiResponse(ErrorSerializer, description="Too many HTTP basic-auth attempts from this address."),
+}
+POST_ERRORS = {
+    **COMMON_ERRORS,
+    403: OpenApiResponse(ErrorSerializer, description="A browser session without its CSRF token."),
+}
+FIELD_ERRORS = OpenApiResponse(
+    OpenApiTypes.OBJECT,
+    description="Refused input: `detail` says why, or each field names its problems.",
+)
+# The route takes digits only (`<int:job_id>`); ids start at 1.
+JOB_ID = OpenApiParameter(
+    "job_id", {"type": "integer", "minimum": 1}, OpenApiParameter.PATH, description="The job's id."
+)
+NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such job, or not one of the caller's.")
 
+
+class OptionalBasicAuthScheme(OpenApiAuthenticationExtension):
+    """Names webapp.auth.OptionalBasicAuthentication in the schema (drf-spectacular finds an
+    extension by subclassing it; no registration needed)."""
+
+    target_class = "webapp.auth.OptionalBasicAuthentication"
+    name = "basicAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "basic", "description": "Only where CLOCKQ_API_BASIC_AUTH is on; throttled."}
+
+
+@extend_schema(
+    methods=["GET"],
+    operation_id="jobs_list",
+    summary="List the caller's jobs (every job for staff), newest first",
+    parameters=[
+        OpenApiParameter("state", str, enum=[s.value for s in JobState], description="Only jobs in this state."),
+        OpenApiParameter("page", {"type": "integer", "minimum": 1}, description="Page number, from 1."),
+    ],
+    responses={
+        200: JobPageSerializer,
+        400: OpenApiResponse(OpenApiTypes.OBJECT, description="An unknown `state`."),
+        404: OpenApiResponse(ErrorSerializer, description="No such page."),
+        **COMMON_ERRORS,
+    },
+)
+@extend_schema(
+    methods=["POST"],
+    summary="Submit a job",
+    request=JobSubmitSerializer,
+    responses={
+        201: JobSerializer,
+        400: FIELD_ERRORS,
+        413: OpenApiResponse(ErrorSerializer, description="The body is larger than the API accepts."),
+        415: OpenApiResponse(ErrorSerializer, description="The body is not JSON."),
+        **POST_ERRORS,
+    },
+)
 @api_view(["GET", "POST"])
 def jobs(request):
     if request.method == "POST":
@@ -59,6 +128,18 @@ def _submit(request):
     )
 
 
+@extend_schema(
+    summary="One job",
+    parameters=[
+        JOB_ID,
+        OpenApiParameter(
+            "history",
+            str,
+            description="Any non-empty value adds the job's `slice_history` and `events`, 500 of each at most.",
+        ),
+    ],
+    responses={200: JobDetailSerializer, 404: NOT_FOUND, **COMMON_ERRORS},
+)
 @api_view(["GET"])
 def job_detail(request, job_id: int):
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
@@ -69,6 +150,18 @@ def job_detail(request, job_id: int):
     return Response(data)
 
 
+@extend_schema(
+    operation_id="jobs_cancel",
+    summary="Cancel a job",
+    parameters=[JOB_ID],
+    request=None,
+    responses={
+        200: JobSerializer,
+        404: NOT_FOUND,
+        409: OpenApiResponse(ErrorSerializer, description="The job has already ended."),
+        **POST_ERRORS,
+    },
+)
 @api_view(["POST"])
 def job_cancel(request, job_id: int):
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
@@ -79,6 +172,10 @@ def job_cancel(request, job_id: int):
     return Response(JobSerializer(job).data)
 
 
+@extend_schema(
+    summary="Jobs waiting, running and held in each tier, and the live workers",
+    responses={200: QueuesSerializer, **COMMON_ERRORS},
+)
 @api_view(["GET"])
 def queues(request):
     counts = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 from django import forms
 from django.utils import timezone
@@ -11,6 +12,17 @@ from clockq.jobs import quotas, workloads
 from clockq.policy.tiers import TIER_CODES
 
 MAX_PARAMS_BYTES = 16 * 1024
+
+
+def storable_deadline(deadline: datetime | None) -> datetime | None:
+    """A deadline the database can hold: in UTC, year 9999 at the latest. `9999-12-31T23:59-00:01`
+    is valid ISO 8601 but falls in the year 10000 in UTC, which no backend stores."""
+    if deadline is None:
+        return None
+    try:
+        return deadline.astimezone(UTC)
+    except OverflowError:
+        raise forms.ValidationError("The deadline is out of range; the latest is 9999-12-31 in UTC.") from None
 
 
 class JobSubmitForm(forms.Form):
@@ -32,8 +44,8 @@ class JobSubmitForm(forms.Form):
         self.user = user
         self.fields["workload"].choices = [(name, name) for name in workloads.available()]
 
-    def submitter_is_staff(self) -> bool:
-        return bool(self.user and self.user.is_staff)
+    def may_run_commands(self) -> bool:
+        return bool(self.user and self.user.has_perm(workloads.RUN_COMMAND_PERMISSION))
 
     def quota_owner(self):
         """Whose quota the job counts against: the submitter's own."""
@@ -60,7 +72,7 @@ class JobSubmitForm(forms.Form):
         return params
 
     def clean_deadline(self):
-        deadline = self.cleaned_data.get("deadline")
+        deadline = storable_deadline(self.cleaned_data.get("deadline"))
         if deadline and deadline <= timezone.now():
             raise forms.ValidationError("The deadline must be in the future.")
         return deadline
@@ -70,7 +82,9 @@ class JobSubmitForm(forms.Form):
         workload = cleaned.get("workload")
         if workload and "params" in cleaned:
             try:
-                cleaned["params"] = workloads.validate(workload, cleaned["params"], is_staff=self.submitter_is_staff())
+                cleaned["params"] = workloads.validate(
+                    workload, cleaned["params"], may_run_commands=self.may_run_commands()
+                )
             except (workloads.UnknownWorkload, PermissionError) as exc:
                 self.add_error("workload", str(exc))
             except workloads.ParamsError as exc:

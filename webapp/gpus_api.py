@@ -9,13 +9,24 @@ from __future__ import annotations
 import time
 
 import redis
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
 from clockq.bus import gpu_samples
 from clockq.bus.client import client
+from webapp.api import COMMON_ERRORS
+from webapp.serializers import ErrorSerializer, GpusSerializer
 
 
+@extend_schema(
+    summary="The latest telemetry sample of every GPU",
+    responses={
+        200: GpusSerializer,
+        503: OpenApiResponse(ErrorSerializer, description="The broker (Redis) cannot be read."),
+        **COMMON_ERRORS,
+    },
+)
 @api_view(["GET"])
 def gpus(request):
     try:

@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
+from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
+from clockq.jobs import workload_params, workloads
 from clockq.jobs.models import Job, JobEvent, Slice
+from clockq.policy.tiers import TIER_CODES
 
 
 class SliceSerializer(serializers.ModelSerializer):
@@ -68,3 +73,167 @@ class JobSerializer(serializers.ModelSerializer):
             "switch_cost_ms",
         ]
         read_only_fields = fields
+
+
+# --- For the OpenAPI schema only ------------------------------------------------------------
+# The views validate with webapp.forms.JobSubmitForm and build their answers by hand; these
+# serializers only describe those bodies to drf-spectacular (GET /api/schema).
+
+
+def _param_schema(param: workload_params.Int | workload_params.Float | workload_params.StrList) -> dict:
+    if isinstance(param, workload_params.StrList):
+        schema = {
+            "type": "array",
+            "items": {"type": "string", "maxLength": param.max_len},
+            "minItems": 1,
+            "maxItems": param.max_items,
+        }
+    else:
+        number = "integer" if isinstance(param, workload_params.Int) else "number"
+        schema = {"type": number, "minimum": param.min, "maximum": param.max}
+    if param.default is not None:
+        schema["default"] = param.default
+    if param.help:
+        schema["description"] = param.help
+    return schema
+
+
+def _params_schema(spec: workloads.WorkloadSpec) -> dict:
+    """The JSON schema of one workload's params, from its spec in clockq.jobs.workloads."""
+    schema = {
+        "type": "object",
+        "properties": {key: _param_schema(param) for key, param in spec.params.items()},
+        "additionalProperties": False,
+        "description": "Any param left out takes its default; any other param is refused.",
+    }
+    if required := [key for key, param in spec.params.items() if param.default is None]:
+        schema["required"] = required
+    return schema
+
+
+class _JobSubmitBase(serializers.Serializer):
+    # The form strips the name; one of spaces only is missing.
+    name = serializers.CharField(min_length=1, max_length=200, validators=[RegexValidator(r"\S")])
+    tier = serializers.ChoiceField(choices=list(TIER_CODES), help_text="Queue tier, most urgent first.")
+    deadline = serializers.DateTimeField(required=False, allow_null=True, help_text="ISO 8601; must be in the future.")
+    gpu_mem_mib = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=4 * 2**20,
+        help_text="The job only starts on a GPU with this much free memory.",
+    )
+
+
+class _ClosedJobSubmit(OpenApiSerializerExtension):
+    """The submit bodies as closed objects (`additionalProperties: false`): the API refuses any
+    field it does not know."""
+
+    target_class = _JobSubmitBase
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        return {**schema, "additionalProperties": False}
+
+
+def _submit_serializer(name: str) -> type[serializers.Serializer]:
+    """The body of POST /api/jobs for one workload, e.g. SyntheticJobSubmit in the schema."""
+    spec = workloads.spec(name)
+    workload_field = extend_schema_field({"type": "string", "enum": [name]})(
+        type("WorkloadField", (serializers.CharField,), {})
+    )
+    params_field = extend_schema_field(_params_schema(spec))(type("ParamsField", (serializers.DictField,), {}))
+    doc = f"Submit a `{name}` job."
+    if spec.runs_user_code:
+        doc += " Only for users with the `jobs.run_command` permission."
+    camel = "".join(part.capitalize() for part in name.split("_"))
+    return type(
+        f"{camel}JobSubmitSerializer",
+        (_JobSubmitBase,),
+        {
+            "__doc__": doc,
+            "workload": workload_field(),
+            "params": params_field(required=any(p.default is None for p in spec.params.values())),
+        },
+    )
+
+
+# The body of POST /api/jobs: one shape per workload, told apart by `workload`. Any other field
+# is refused with a 400.
+JobSubmitSerializer = PolymorphicProxySerializer(
+    component_name="JobSubmit",
+    serializers={name: _submit_serializer(name) for name in workloads.available()},
+    resource_type_field_name="workload",
+)
+
+
+class JobDetailSerializer(JobSerializer):
+    """GET /api/jobs/{job_id}; `slice_history` and `events` only with `?history=1`."""
+
+    # Not read-only, or drf-spectacular would list them as always present.
+    slice_history = SliceSerializer(many=True, required=False)
+    events = EventSerializer(many=True, required=False)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "slice_history", "events"]
+
+
+class JobPageSerializer(serializers.Serializer):
+    """One page of GET /api/jobs (50 jobs a page, newest first)."""
+
+    count = serializers.IntegerField()
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = JobSerializer(many=True)
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+
+
+class TierQueueSerializer(serializers.Serializer):
+    tier = serializers.CharField()
+    queue = serializers.CharField()
+    rank = serializers.IntegerField()
+    use = serializers.CharField()
+    waiting = serializers.IntegerField()
+    running = serializers.IntegerField()
+    held = serializers.IntegerField()
+    wait_target_ms = serializers.IntegerField(allow_null=True)
+
+
+class QueuesSerializer(serializers.Serializer):
+    tiers = TierQueueSerializer(many=True)
+    workers = serializers.ListField(
+        child=serializers.DictField(),
+        allow_null=True,
+        help_text="The live workers' latest heartbeats, each with `degraded` (why, or null); "
+        "null when the broker cannot be read.",
+    )
+
+
+class GpuSampleSerializer(serializers.Serializer):
+    host = serializers.CharField()
+    gpu_index = serializers.IntegerField(min_value=0)
+    ts = serializers.FloatField(min_value=0, help_text="When it was sampled, in seconds since the epoch.")
+    simulated = serializers.BooleanField()
+    gpu_util = serializers.FloatField(allow_null=True, min_value=0, max_value=1)
+    mem_util = serializers.FloatField(allow_null=True, min_value=0, max_value=1)
+    mem_used_mib = serializers.IntegerField(allow_null=True, min_value=0)
+    mem_total_mib = serializers.IntegerField(allow_null=True, min_value=0)
+    pcie_tx_kbps = serializers.IntegerField(allow_null=True, min_value=0)
+    pcie_rx_kbps = serializers.IntegerField(allow_null=True, min_value=0)
+    sm_clock_mhz = serializers.IntegerField(allow_null=True, min_value=0)
+    power_w = serializers.FloatField(allow_null=True, min_value=0)
+    temperature_c = serializers.FloatField(allow_null=True)
+    process_count = serializers.IntegerField(allow_null=True, min_value=0)
+    host_cpu = serializers.FloatField(allow_null=True, min_value=0, max_value=1)
+    host_mem = serializers.FloatField(allow_null=True, min_value=0, max_value=1)
+    error = serializers.CharField(allow_null=True)
+
+
+class GpusSerializer(serializers.Serializer):
+    gpus = GpuSampleSerializer(many=True)
+    stale_after_s = serializers.IntegerField()
+    now = serializers.FloatField()

@@ -1,6 +1,18 @@
-from django.urls import path
+from django.http import JsonResponse
+from django.urls import path, re_path
+from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.permissions import AllowAny
 
 from webapp import api, gpus_api, health, tokens, views
+
+
+@csrf_exempt  # it changes nothing; a POST gets the same 404, not the CSRF failure page
+def api_not_found(request):
+    """Any other /api/ URL, `/api/jobs/abc` say: a JSON 404 like the API's own, not Django's
+    HTML page (found by the fuzz test, tests/webapp/test_api_fuzz.py)."""
+    return JsonResponse({"detail": "Not found."}, status=404)
+
 
 urlpatterns = [
     path("", views.job_list, name="home"),
@@ -16,5 +28,15 @@ urlpatterns = [
     path("api/jobs/<int:job_id>/cancel", api.job_cancel, name="api-job-cancel"),
     path("api/queues", api.queues, name="api-queues"),
     path("api/gpus", gpus_api.gpus, name="api-gpus"),
+    # The OpenAPI schema is public, so that clients can discover the API: it describes the
+    # endpoints and bodies and holds no secrets (no data, no tokens). Without authentication
+    # classes a stale token sent along does not turn it into a 401. YAML by default; JSON with
+    # `Accept: application/vnd.oai.openapi+json` or `?format=json`.
+    path(
+        "api/schema",
+        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
+        name="api-schema",
+    ),
+    re_path(r"^api/", api_not_found),  # last of the /api/ routes
     path("healthz", health.healthz, name="healthz"),
 ]

@@ -46,7 +46,7 @@ from workers.checkpoints import StorageError
 from workers.lease import lease_until
 from workers.runtime import Runtime, TierInfo
 from workers.workloads import registry
-from workers.workloads.base import RunContext, Workload
+from workers.workloads.base import JobRefused, RunContext, Workload
 
 log = logging.getLogger("clockq.slices")
 
@@ -138,6 +138,8 @@ def workload_errors() -> Iterator[None]:
     (database, broker) are never counted against the job."""
     try:
         yield
+    except JobRefused:
+        raise  # not a failure of the job's code: it fails at once, without retries
     except Exception as exc:
         raise SliceFailed(repr(exc)) from exc
 
@@ -267,8 +269,8 @@ class JobRun:
             return self._after_failure(exc.__cause__ or exc, record)
         except StorageError as exc:
             return self._after_storage_fault(exc, record)
-        except QuotaExceeded as exc:
-            return self._after_quota_exceeded(exc, record)
+        except (QuotaExceeded, JobRefused) as exc:
+            return self._fail_at_once(exc, record)
         finally:
             self.runtime.leases.release()
             self.runtime.probe_load(None)
@@ -558,10 +560,10 @@ class JobRun:
         self.runtime.storage_failed(str(exc))
         return RunOutcome.STORAGE_FAULT
 
-    def _after_quota_exceeded(self, exc: QuotaExceeded, record: SliceRecord) -> RunOutcome:
-        """The job's state outgrew its owner's storage quota. Retrying would only fail again, so
-        the job fails at once, keeping its last good checkpoint; an operator can raise the quota
-        and requeue it."""
+    def _fail_at_once(self, exc: Exception, record: SliceRecord) -> RunOutcome:
+        """The job cannot run as things are: its state outgrew its owner's storage quota, or this
+        worker refuses it (JobRefused). Retrying would only fail again, so it fails now, keeping
+        its last good checkpoint; an operator can fix the cause and requeue it."""
         log.warning("job %s: %s", self.job_id, exc)
         self.generation, self.progress = self.saved_generation, self.saved_progress
         self.checkpoint_bytes = self.saved_checkpoint_bytes

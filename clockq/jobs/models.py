@@ -92,6 +92,7 @@ class Job(models.Model):
     class Meta:
         ordering = ["-id"]
         indexes = [models.Index(fields=["state", "tier"]), models.Index(fields=["owner", "-id"])]
+        permissions = [("run_command", "Can submit jobs that run their own program (the command workload)")]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"

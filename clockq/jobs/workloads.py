@@ -24,7 +24,9 @@ from clockq.jobs.workload_params import Float, Int, ParamsError, Schema, StrList
 class WorkloadSpec:
     name: str
     params: Schema
-    staff_only: bool = False  # runs code the user brings: staff only
+    # Runs a program the submitter brings: only users with the `jobs.run_command` permission
+    # (granted in the admin; superusers have every permission) may submit it.
+    runs_user_code: bool = False
     # The param that declares the size of the job's state in KB, where there is one: the
     # storage quota counts it at submit. Other workloads are counted by what they checkpoint.
     state_kb_param: str | None = None
@@ -69,7 +71,7 @@ SPECS: dict[str, WorkloadSpec] = {
                 "argv": StrList(64, 4096, help="program and arguments, run without a shell"),
                 "step_ms": Float(1.0, 1000.0, default=20.0, help="how long each step waits on the program"),
             },
-            staff_only=True,
+            runs_user_code=True,
         ),
     )
 }
@@ -101,15 +103,32 @@ def declared_state_bytes(name: str, cleaned_params: dict[str, Any]) -> int:
     return int(cleaned_params.get(param, 0)) * 1024 if param else 0
 
 
-def validate(name: Any, params: Any, *, is_staff: bool) -> dict[str, Any]:
-    """Check that `name` may be run by this user and return its cleaned params.
+RUN_COMMAND_PERMISSION = "jobs.run_command"
+
+
+def validate(name: Any, params: Any, *, may_run_commands: bool) -> dict[str, Any]:
+    """Check that `name` may be submitted by someone who may (or may not) run their own programs,
+    and return its cleaned params. `may_run_commands` is `user.has_perm(RUN_COMMAND_PERMISSION)`
+    for a person; trusted code that re-checks an admitted job passes True.
 
     Raises UnknownWorkload, PermissionError or ParamsError.
     """
     found = spec(name)
-    if found.staff_only and not is_staff:
-        raise PermissionError(f"the {name!r} workload is for staff only")
+    if found.runs_user_code and not may_run_commands:
+        raise PermissionError(
+            f"the {name!r} workload runs your own program: it needs the 'run command' permission, "
+            "which an operator grants in the admin"
+        )
     return clean_params(found.params, params)
 
 
-__all__ = ["ParamsError", "UnknownWorkload", "WorkloadSpec", "available", "declared_state_bytes", "spec", "validate"]
+__all__ = [
+    "RUN_COMMAND_PERMISSION",
+    "ParamsError",
+    "UnknownWorkload",
+    "WorkloadSpec",
+    "available",
+    "declared_state_bytes",
+    "spec",
+    "validate",
+]

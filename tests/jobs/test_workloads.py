@@ -16,20 +16,23 @@ def test_only_workloads_enabled_in_settings_can_be_named(settings):
     assert workloads.available() == ["synthetic"]
     for name in ("matmul", "os.system", None, ["synthetic"]):
         with pytest.raises(UnknownWorkload, match="allowed: synthetic"):
-            workloads.validate(name, {}, is_staff=True)
+            workloads.validate(name, {}, may_run_commands=True)
 
 
 def test_an_enabled_workload_without_a_spec_is_a_configuration_error(settings):
     settings.CLOCKQ_WORKLOADS = {**settings.CLOCKQ_WORKLOADS, "mystery": "somewhere.Mystery"}
     with pytest.raises(ImproperlyConfigured, match="mystery"):
-        workloads.validate("mystery", {}, is_staff=True)
+        workloads.validate("mystery", {}, may_run_commands=True)
     assert [e.id for e in check_workloads_have_specs()] == ["clockq.E001"]
 
 
-def test_the_command_workload_is_for_staff_only():
-    with pytest.raises(PermissionError, match="staff only"):
-        workloads.validate("command", {"argv": ["true"]}, is_staff=False)
-    assert workloads.validate("command", {"argv": ["true"]}, is_staff=True) == {"argv": ["true"], "step_ms": 20.0}
+def test_the_command_workload_needs_the_run_command_permission():
+    with pytest.raises(PermissionError, match="'run command' permission"):
+        workloads.validate("command", {"argv": ["true"]}, may_run_commands=False)
+    assert workloads.validate("command", {"argv": ["true"]}, may_run_commands=True) == {
+        "argv": ["true"],
+        "step_ms": 20.0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -48,11 +51,11 @@ def test_the_command_workload_is_for_staff_only():
 )
 def test_command_params_are_checked(bad):
     with pytest.raises(ParamsError):
-        workloads.validate("command", bad, is_staff=True)
+        workloads.validate("command", bad, may_run_commands=True)
 
 
 def test_keras_train_params_get_defaults():
-    assert workloads.validate("keras_train", {}, is_staff=False) == {
+    assert workloads.validate("keras_train", {}, may_run_commands=False) == {
         "steps": 200,
         "batch_size": 64,
         "hidden": 64,
@@ -82,4 +85,4 @@ def test_keras_train_params_get_defaults():
 )
 def test_keras_train_params_are_checked(bad):
     with pytest.raises(ParamsError):
-        workloads.validate("keras_train", bad, is_staff=False)
+        workloads.validate("keras_train", bad, may_run_commands=False)

@@ -34,7 +34,7 @@ def test_the_form_submits_a_job_and_shows_it(client, alice):
         ({"name": "x", "tier": "SP", "workload": "matmul", "params": '{"size": 99999}'}, "size: must be between"),
         ({"name": "x", "tier": "SP", "workload": "matmul", "params": "{oops"}, "Enter a valid JSON"),
         ({"name": "x", "tier": "ZZ", "workload": "matmul", "params": "{}"}, "Select a valid choice"),
-        ({"name": "x", "tier": "SP", "workload": "command", "params": '{"argv": ["ls"]}'}, "staff only"),
+        ({"name": "x", "tier": "SP", "workload": "command", "params": '{"argv": ["ls"]}'}, "permission"),
         ({"name": "", "tier": "SP", "workload": "matmul", "params": "{}"}, "This field is required"),
     ],
 )

@@ -2,28 +2,25 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 from django.conf import settings
 
-from tests.harness import ROOT
+from tests.harness import ROOT, program_python, shared_copy
 from tests.helpers import submit, wait_finished
 from workers.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = str(ROOT / "tests/workloads/fixtures/count_script.py")
+FIXTURE = ROOT / "tests/workloads/fixtures/count_script.py"
 
 
-def test_a_command_job_checkpoints_on_sigusr1_and_resumes_when_it_shares_a_gpu(start_workers, carol):
+def test_a_command_job_checkpoints_on_sigusr1_and_resumes_when_it_shares_a_gpu(start_workers, operator, crossable_dir):
     # The overhead rule would stretch the script's slices (a process restart is a costly
     # switch); turn it off here so that it is preempted many times.
     start_workers(gpus=1, CLOCKQ_OVERHEAD_BUDGET="0")
-    script = submit(
-        carol, "SP", "script", workload="command", argv=[sys.executable, SCRIPT, "150", "--sleep-ms", "4"], step_ms=10
-    )
-    rival = submit(carol, "SP", "rival", steps=60, step_ms=10)
+    argv = [program_python(), shared_copy(FIXTURE, crossable_dir), "150", "--sleep-ms", "4"]
+    script = submit(operator, "SP", "script", workload="command", argv=argv, step_ms=10)
+    rival = submit(operator, "SP", "rival", steps=60, step_ms=10)
 
     script, rival = wait_finished(script, rival, timeout=90)
 

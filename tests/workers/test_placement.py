@@ -17,7 +17,7 @@ SMALL_AND_LARGE = {"CLOCKQ_SIM_GPU_MEMORY_MIB": "16384,81920"}
 
 
 def submit_needing(owner, mib: int, name: str) -> Job:
-    params = workloads.validate("synthetic", {"steps": 10, "step_ms": 5}, is_staff=False)
+    params = workloads.validate("synthetic", {"steps": 10, "step_ms": 5}, may_run_commands=False)
     return services.submit_job(
         owner=owner, name=name, tier_code="SP", workload="synthetic", params=params, gpu_mem_mib=mib
     )

@@ -2,28 +2,40 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from clockq.jobs import workloads
-from tests.harness import wait_for
+from tests.harness import program_python, shared_copy, wait_for
+from workers.checkpoints import CheckpointStore
 from workers.workloads.base import RunContext
 from workers.workloads.command import CommandWorkload
 
-SCRIPT = str(Path(__file__).parent / "fixtures" / "count_script.py")
+FIXTURE = Path(__file__).parent / "fixtures" / "count_script.py"
+PY = program_python()
+
+
+@pytest.fixture
+def work(settings):
+    """Job 7's work folder, where the checkpoint store puts it (programs may run sandboxed)."""
+    return CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).work_dir(7)
+
+
+@pytest.fixture
+def script(crossable_dir):
+    return shared_copy(FIXTURE, crossable_dir)
 
 
 def make(work_dir: Path, argv: list[str], step_ms: float = 5.0) -> CommandWorkload:
-    w = CommandWorkload(workloads.validate("command", {"argv": argv, "step_ms": step_ms}, is_staff=True))
+    w = CommandWorkload(workloads.validate("command", {"argv": argv, "step_ms": step_ms}, may_run_commands=True))
     w.setup(RunContext(job_id=7, gpu_index=0, work_dir=work_dir))
     return w
 
 
-def count_argv(n: int, *extra: str) -> list[str]:
-    return [sys.executable, SCRIPT, str(n), "--sleep-ms", "5", *extra]
+def count_argv(script: str, n: int, *extra: str) -> list[str]:
+    return [PY, script, str(n), "--sleep-ms", "5", *extra]
 
 
 def step_until(w: CommandWorkload, progress: float, timeout: float = 5.0) -> float:
@@ -42,8 +54,8 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def test_checkpoint_close_and_resume_in_a_new_instance(tmp_path):
-    w = make(tmp_path, count_argv(40))
+def test_checkpoint_close_and_resume_in_a_new_instance(work, script):
+    w = make(work, count_argv(script, 40))
     p = step_until(w, 0.2)
     assert 0.2 <= p <= 0.999
     state = w.state_dict()
@@ -51,71 +63,71 @@ def test_checkpoint_close_and_resume_in_a_new_instance(tmp_path):
     saved = int(state.decode())
     assert 0 < saved < 40
 
-    w2 = make(tmp_path, count_argv(40))
+    w2 = make(work, count_argv(script, 40))
     w2.load_state_dict(state)
     assert step_until(w2, 1.0) == 1.0
     w2.close()
 
-    assert (tmp_path / "result").read_text() == "count=40"
-    starts = [line for line in (tmp_path / "stdout.log").read_text().splitlines() if line.startswith("start")]
+    assert (work / "result").read_text() == "count=40"
+    starts = [line for line in (work / "stdout.log").read_text().splitlines() if line.startswith("start")]
     assert starts == ["start resume=0 count=0 env_resume=", f"start resume=1 count={saved} env_resume=1"]
 
 
-def test_checkpoint_then_keep_running_restarts_with_resume(tmp_path):
-    w = make(tmp_path, count_argv(30))
+def test_checkpoint_then_keep_running_restarts_with_resume(work, script):
+    w = make(work, count_argv(script, 30))
     step_until(w, 0.1)
     saved = int(w.state_dict().decode())
     assert w.pid is None  # stopped by the checkpoint
     assert step_until(w, 1.0) == 1.0
     w.close()
-    assert (tmp_path / "result").read_text() == "count=30"
-    assert f"start resume=1 count={saved} env_resume=1" in (tmp_path / "stdout.log").read_text()
+    assert (work / "result").read_text() == "count=30"
+    assert f"start resume=1 count={saved} env_resume=1" in (work / "stdout.log").read_text()
 
 
-def test_nonzero_exit_raises_with_stderr(tmp_path):
-    w = make(tmp_path, count_argv(40, "--fail-at", "3"))
+def test_nonzero_exit_raises_with_stderr(work, script):
+    w = make(work, count_argv(script, 40, "--fail-at", "3"))
     with pytest.raises(RuntimeError, match=r"exited with code 3(.|\n)*simulated failure at count 3"):
         step_until(w, 1.0)
     w.close()
 
 
-def test_death_by_signal_raises(tmp_path):
-    w = make(tmp_path, ["sh", "-c", "echo dying >&2; kill -9 $$"])
+def test_death_by_signal_raises(work):
+    w = make(work, ["sh", "-c", "echo dying >&2; kill -9 $$"])
     with pytest.raises(RuntimeError, match=r"SIGKILL(.|\n)*dying"):
         step_until(w, 1.0)
     w.close()
 
 
-def test_exit_75_without_a_checkpoint_raises(tmp_path):
+def test_exit_75_without_a_checkpoint_raises(work):
     code = (
         "import pathlib, signal, sys, time; signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75)); "
         "pathlib.Path('handler-ready').touch(); time.sleep(30)"
     )
-    w = make(tmp_path, [sys.executable, "-c", code])
+    w = make(work, [PY, "-c", code])
     w.step()
-    wait_for(lambda: (tmp_path / "handler-ready").exists(), 10, interval=0.01, what="the handler to be installed")
+    wait_for(lambda: (work / "handler-ready").exists(), 10, interval=0.01, what="the handler to be installed")
     with pytest.raises(RuntimeError, match="without writing checkpoint"):
         w.state_dict()
     w.close()
 
 
-def test_signal_before_the_handler_is_in_place_keeps_the_old_state(tmp_path):
-    w = make(tmp_path, ["sleep", "30"])  # sleep dies on SIGUSR1, like a program still starting up
+def test_signal_before_the_handler_is_in_place_keeps_the_old_state(work):
+    w = make(work, ["sleep", "30"])  # sleep dies on SIGUSR1, like a program still starting up
     w.step()
     assert w.state_dict() == b""  # fresh start: nothing to resume from
     assert w.pid is None and not w.resume
     w.close()
 
 
-def test_close_kills_the_process_group(tmp_path):
-    w = make(tmp_path, ["sh", "-c", "sleep 30 & echo $! > child.pid; exec sleep 30"])
+def test_close_kills_the_process_group(work):
+    w = make(work, ["sh", "-c", "sleep 30 & echo $! > child.pid; exec sleep 30"])
     assert w.step() == 0.0
     pid = w.pid
     deadline = time.monotonic() + 5
-    while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text().strip():
+    while not (work / "child.pid").exists() or not (work / "child.pid").read_text().strip():
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    child = int((tmp_path / "child.pid").read_text())
+    child = int((work / "child.pid").read_text())
     assert alive(pid) and alive(child)
     w.close()
     assert w.pid is None
@@ -125,13 +137,13 @@ def test_close_kills_the_process_group(tmp_path):
         time.sleep(0.01)
 
 
-def test_state_before_any_step_round_trips(tmp_path):
-    (tmp_path / "checkpoint").write_text("stale")  # left by an earlier run; not this job's state
-    w = make(tmp_path, count_argv(10))
+def test_state_before_any_step_round_trips(work, script):
+    (work / "checkpoint").write_text("stale")  # left by an earlier run; not this job's state
+    w = make(work, count_argv(script, 10))
     assert w.state_dict() == b""
     w.load_state_dict(b"4")
     assert w.state_dict() == b"4"
     assert step_until(w, 1.0) == 1.0
     w.close()
-    assert "start resume=1 count=4 env_resume=1" in (tmp_path / "stdout.log").read_text()
-    assert (tmp_path / "result").read_text() == "count=10"
+    assert "start resume=1 count=4 env_resume=1" in (work / "stdout.log").read_text()
+    assert (work / "result").read_text() == "count=10"

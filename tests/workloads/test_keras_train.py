@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def make(tmp_path: Path, **params) -> KerasTrainWorkload:
-    w = KerasTrainWorkload(workloads.validate("keras_train", params, is_staff=False))
+    w = KerasTrainWorkload(workloads.validate("keras_train", params, may_run_commands=False))
     w.setup(RunContext(job_id=1, gpu_index=0, work_dir=tmp_path))
     return w
 

@@ -8,6 +8,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 
+class JobRefused(Exception):
+    """The job can never run on this worker as things are (its configuration, its owner's
+    quota). Retrying would only fail again, so the job fails at once with this reason."""
+
+
 @dataclass(frozen=True)
 class RunContext:
     """Where a workload runs: its job, its GPU and a scratch folder that survives requeues."""

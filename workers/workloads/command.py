@@ -1,13 +1,16 @@
-"""Run an external program, so users can bring existing training scripts. Staff only.
+"""Run an external program, so users can bring existing training scripts. Submitting one needs
+the `run command` permission; it runs in a sandbox (workers/sandbox.py): as an unprivileged
+user, with resource limits, and with no credentials to clockq.
 
 The program and clockq talk through a small protocol. Write scripts against it exactly:
 
 Start
-    clockq runs ``argv`` (no shell) in its own session and process group, with the job's work
-    folder as the current directory, stdin from /dev/null, and stdout and stderr appended to
-    ``stdout.log`` and ``stderr.log`` in that folder. The environment is the worker's, less
-    clockq's credentials (DATABASE_URL, REDIS_URL, SECRET_KEY, ...), with
-    ``CUDA_VISIBLE_DEVICES`` left as inherited (the worker's GPU), plus:
+    clockq runs ``argv`` (no shell) in its own session and process group, as the user
+    CLOCKQ_COMMAND_USER, with the job's work folder (its only writable place) as the current
+    directory and HOME, stdin from /dev/null, and stdout and stderr appended to ``stdout.log``
+    and ``stderr.log`` in that folder. The environment is the worker's, less clockq's
+    credentials (DATABASE_URL, REDIS_URL, SECRET_KEY, ...), with ``CUDA_VISIBLE_DEVICES`` left
+    as inherited (the worker's GPU), plus:
 
     ``CLOCKQ_CHECKPOINT_FILE``
         Absolute path (in the work folder) where the program writes its checkpoint.
@@ -63,6 +66,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from workers.sandbox import prepare_work_dir, sandbox_for_commands
 from workers.workloads.base import RunContext, Workload
 
 log = logging.getLogger(__name__)
@@ -89,8 +93,11 @@ class CommandWorkload(Workload):
 
     def setup(self, ctx: RunContext) -> None:
         self.ctx = ctx
+        self.sandbox = sandbox_for_commands()  # JobRefused if this worker cannot run programs safely
         self.work_dir = Path(ctx.work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        # The checkpoint store's layout: <root>/<job>/work.
+        prepare_work_dir(self.work_dir, self.work_dir.parent.parent, self.sandbox)
         self.checkpoint_file = self.work_dir / CHECKPOINT_NAME
         self.progress_file = self.work_dir / PROGRESS_NAME
         self.stderr_file = self.work_dir / STDERR_NAME
@@ -172,6 +179,7 @@ class CommandWorkload(Workload):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.checkpoint_file)
+        self.sandbox.hand_over(self.checkpoint_file)  # the program reads it on resume
         self.resume = True
 
     def close(self) -> None:
@@ -194,6 +202,7 @@ class CommandWorkload(Workload):
         # The program is the user's code: it gets no credentials to clockq's own services.
         env = {k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}
         env.pop("CLOCKQ_RESUME", None)
+        env.update(self.sandbox.env(self.work_dir))
         env.update(
             CLOCKQ_CHECKPOINT_FILE=str(self.checkpoint_file),
             CLOCKQ_PROGRESS_FILE=str(self.progress_file),
@@ -215,6 +224,7 @@ class CommandWorkload(Workload):
                 cwd=self.work_dir,
                 env=env,
                 start_new_session=True,
+                **self.sandbox.popen_kwargs(),
             )
         except OSError as exc:
             self._close_files()

@@ -21,4 +21,4 @@ def workload_class(name: str) -> type[Workload]:
 
 def create(name: str, params: dict[str, Any]) -> Workload:
     """A fresh workload for a job. Params are validated again: the row may predate a schema change."""
-    return workload_class(name)(workloads.validate(name, params, is_staff=True))
+    return workload_class(name)(workloads.validate(name, params, may_run_commands=True))

@@ -7,9 +7,11 @@ import logging
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from workers import sandbox
 from workers.gpus import discover
 from workers.launch import gpu_worker_argv, gpu_worker_env
 from workers.supervisor import Child, Supervisor
+from workers.workloads.base import JobRefused
 
 log = logging.getLogger("clockq.gpuworkers")
 
@@ -31,7 +33,22 @@ class Command(BaseCommand):
         for gpu in gpus:
             kind = "simulated" if gpu.simulated else "NVML"
             self.stdout.write(f"GPU {gpu.index}: {gpu.name} ({gpu.memory_total_mib} MiB, {kind})")
+        self.stdout.write(self._how_commands_run())
         children = [
             Child(f"gpu{g.index}", gpu_worker_argv(g.index, loglevel=loglevel), gpu_worker_env(g)) for g in gpus
         ]
         raise SystemExit(Supervisor(children, stop_grace_s=stop_grace).run_forever())
+
+    @staticmethod
+    def _how_commands_run() -> str:
+        """Say at startup what becomes of `command` jobs here, making the sandbox user if needed."""
+        try:
+            box = sandbox.sandbox_for_commands()
+        except JobRefused as exc:
+            return f"command jobs: refused on this host: {exc}"
+        if box.switches_user:
+            return f"command jobs: run as the unprivileged user {box.user} (uid {box.uid})"
+        return (
+            f"command jobs: WARNING: run as this worker's own user {box.user}, with its rights "
+            "(CLOCKQ_ALLOW_SAME_USER_COMMANDS)"
+        )

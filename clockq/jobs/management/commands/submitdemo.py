@@ -24,6 +24,6 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         owner = get_user_model().objects.get(username="admin")
         for tier, name, workload, params in DEMO_JOBS:
-            cleaned = workloads.validate(workload, params, is_staff=True)
+            cleaned = workloads.validate(workload, params, may_run_commands=True)
             job = services.submit_job(owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned)
             self.stdout.write(f"submitted #{job.pk} {name} ({tier}, {workload})")

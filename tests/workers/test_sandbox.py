@@ -1,0 +1,130 @@
+"""A job's own program runs with none of clockq's rights. Each test is a real program trying."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from clockq.jobs import workloads
+from tests.harness import program_python
+from workers import sandbox
+from workers.checkpoints import CheckpointStore
+from workers.runtime import Runtime, WorkerIdentity
+from workers.slice_runner import RunOutcome, run_dispatch
+from workers.workloads.base import JobRefused, RunContext
+from workers.workloads.command import CommandWorkload
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching to the command user needs root")
+
+PROBE = r"""
+import json, os, sys
+def attempt(action):
+    try:
+        action()
+        return "allowed"
+    except PermissionError:
+        return "denied"
+    except OSError as exc:
+        return f"error: {exc.strerror}"
+report = {"uid": os.getuid(), "env": sorted(k for k in os.environ if k in
+          ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "CLOCKQ_ADMIN_PASSWORD", "FLOWER_BASIC_AUTH"))}
+for name, path in json.loads(sys.argv[1]).items():
+    report["read " + name] = attempt(lambda: open(path, "rb").read(1))
+report["write other job"] = attempt(lambda: open(sys.argv[2], "wb").write(b"x"))
+report["write own work folder"] = attempt(lambda: open("mine", "wb").write(b"x"))
+open("report.json", "w").write(json.dumps(report))
+"""
+
+
+def run_program(argv: list[str], job_id: int = 7) -> CommandWorkload:
+    """Run `argv` as job `job_id`'s program to its end, the way a worker does."""
+    params = workloads.validate("command", {"argv": argv, "step_ms": 5.0}, may_run_commands=True)
+    workload = CommandWorkload(params)
+    work = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).work_dir(job_id)
+    workload.setup(RunContext(job_id=job_id, gpu_index=0, work_dir=work))
+    try:
+        while workload.step() < 1.0:
+            pass
+    finally:
+        workload.close()
+    return workload
+
+
+@as_root
+@pytest.mark.django_db
+def test_the_program_runs_as_the_command_user_and_cannot_reach_clockqs_secrets_or_other_jobs(alice):
+    store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
+    store.write(8, 1, b"another job's state")  # another job, with a checkpoint of its own
+    targets = {
+        "secret key": str(settings.VAR_DIR / "secret_key"),
+        "broker password": str(settings.EMBEDDED_REDIS_PASSWORD_FILE),
+        "other job's checkpoint": str(store.path(8, 1)),
+    }
+    if connection.vendor == "sqlite":
+        targets["database"] = connection.settings_dict["NAME"]
+    for path in targets.values():
+        assert os.path.exists(path), path
+    other_job_file = str(store.job_dir(8) / "planted")
+
+    workload = run_program([program_python(), "-c", PROBE, json.dumps(targets), other_job_file])
+
+    report = json.loads((workload.work_dir / "report.json").read_text())
+    assert report["uid"] == pwd.getpwnam(settings.CLOCKQ_COMMAND_USER).pw_uid != 0
+    assert report["env"] == []
+    assert {k: v for k, v in report.items() if k.startswith("read ")} == {f"read {name}": "denied" for name in targets}
+    assert report["write other job"] == "denied" and report["write own work folder"] == "allowed"
+
+
+@as_root
+def test_an_output_file_over_the_limit_stops_the_program(settings):
+    settings.CLOCKQ_COMMAND_MAX_FILE_MB = 1
+    code = "open('big', 'wb').write(b'x' * 3 * 2**20)"
+    with pytest.raises(RuntimeError, match="File too large"):  # Python turns SIGXFSZ into EFBIG
+        run_program([program_python(), "-c", code])
+
+
+@as_root
+def test_open_files_are_limited(settings):
+    settings.CLOCKQ_COMMAND_MAX_FILES = 64
+    code = (
+        "files = []\ntry:\n    while True: files.append(open('/dev/null'))\n"
+        "except OSError:\n    count = len(files)\n    [f.close() for f in files]\n"
+        "    open('opened', 'w').write(str(count))"
+    )
+    workload = run_program([program_python(), "-c", code])
+    assert int((workload.work_dir / "opened").read_text()) < 64
+
+
+def test_a_worker_that_cannot_switch_users_refuses_commands_unless_allowed(settings, monkeypatch):
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    settings.CLOCKQ_ALLOW_SAME_USER_COMMANDS = False
+    with pytest.raises(JobRefused, match="does not run as root"):
+        sandbox.sandbox_for_commands()
+    settings.CLOCKQ_ALLOW_SAME_USER_COMMANDS = True
+    same_user = sandbox.sandbox_for_commands()
+    assert not same_user.switches_user and "user" not in same_user.popen_kwargs()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_command_job_fails_at_once_with_the_reason(operator, settings, monkeypatch):
+    from tests.helpers import submit
+
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    settings.CLOCKQ_ALLOW_SAME_USER_COMMANDS = False
+    job = submit(operator, "SP", "script", workload="command", argv=["/bin/true"])
+
+    assert run_dispatch(job.pk, job.dispatch_token, Runtime(WorkerIdentity("gpu0@test", 0))) == RunOutcome.FAILED
+
+    job.refresh_from_db()
+    assert job.state == "failed" and job.failures == 0 and "does not run as root" in job.last_error
+
+
+def test_the_command_user_must_be_unprivileged(settings):
+    for bad in ("root", "Robert'); DROP", ""):
+        with pytest.raises(JobRefused):
+            sandbox.ensure_command_user(bad)
