@@ -59,9 +59,13 @@ def test_a_submit_during_a_broker_pause_answers_fast_and_the_job_is_sent_later(c
     assert health.status_code == 503 and health.json()["checks"]["broker"]["ok"] is False
     assert health_elapsed < BOUND_S, health_elapsed
     job = Job.objects.get(pk=response.json()["id"])
-    assert job.state == "queued" and queues.waiting_by_rank()[2] == 0  # committed, not sent
+    assert job.state == "queued"  # committed, whatever became of its message
 
-    # Once the broker answers again, the reconciler sends it, with a new token.
-    assert reconcile_queued_jobs() == 1
-    assert queues.waiting_by_rank()[2] == 1
-    assert Job.objects.get(pk=job.pk).dispatch_token != job.dispatch_token
+    # Once the broker answers again the job has a live message: either a publish that timed out
+    # arrived after all (Redis ran the command it had buffered; a duplicate is harmless, the
+    # claim's compare-and-set takes one) or the reconciler sends a new one, with a new token
+    # that makes any late copy of the old one stale.
+    reconcile_queued_jobs()
+    job.refresh_from_db()
+    live = [token for job_id, token in queues.queued_messages("sp") if job_id == job.pk]
+    assert live.count(job.dispatch_token) >= 1
