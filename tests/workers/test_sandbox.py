@@ -31,14 +31,34 @@ def attempt(action):
         return "denied"
     except OSError as exc:
         return f"error: {exc.strerror}"
-report = {"uid": os.getuid(), "env": sorted(k for k in os.environ if k in
-          ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "CLOCKQ_ADMIN_PASSWORD", "FLOWER_BASIC_AUTH"))}
+protocol = ("CLOCKQ_CHECKPOINT_FILE", "CLOCKQ_PROGRESS_FILE", "CLOCKQ_JOB_ID", "CLOCKQ_WORK_DIR", "CLOCKQ_RESUME")
+report = {"uid": os.getuid(), "env": sorted(k for k in os.environ if k in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")
+          or k.startswith(("CELERY", "DJANGO_", "FLOWER_")) or (k.startswith("CLOCKQ_") and k not in protocol))}
 for name, path in json.loads(sys.argv[1]).items():
     report["read " + name] = attempt(lambda: open(path, "rb").read(1))
 report["write other job"] = attempt(lambda: open(sys.argv[2], "wb").write(b"x"))
 report["write own work folder"] = attempt(lambda: open("mine", "wb").write(b"x"))
 open("report.json", "w").write(json.dumps(report))
 """
+
+
+def test_the_program_inherits_nothing_of_clockqs_settings():
+    from workers.workloads.command import program_environment
+
+    worker = {
+        "PATH": "/usr/bin",
+        "CUDA_VISIBLE_DEVICES": "3",
+        "REDIS_URL": "redis://:pw@10.0.0.5:6390/0",
+        "DATABASE_URL": "postgres://clockq:pw@db/clockq",
+        "SECRET_KEY": "s",
+        "CLOCKQ_EMBEDDED_REDIS_PORT": "6390",
+        "CLOCKQ_ADMIN_PASSWORD": "a",
+        "CELERY_BROKER_URL": "redis://x",
+        "DJANGO_SETTINGS_MODULE": "clockq.settings",
+        "FLOWER_BASIC_AUTH": "admin:a",
+        "PORT": "8000",
+    }
+    assert program_environment(worker) == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "3"}
 
 
 def run_program(argv: list[str], job_id: int = 7) -> CommandWorkload:

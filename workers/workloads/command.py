@@ -77,10 +77,21 @@ STARTUP_GRACE_S = 10.0
 STDERR_TAIL_BYTES = 2048
 MAX_RUNNING_PROGRESS = 0.999
 
-# Settings a job's program must not see: they would give it clockq's database and broker.
-WITHHELD_ENV = frozenset(
-    {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "CLOCKQ_ADMIN_PASSWORD", "CELERY_BROKER_URL", "FLOWER_BASIC_AUTH"}
-)
+# Settings a job's program must not see: clockq's database, broker (address and password),
+# secrets, ports and every other clockq, Celery, Django and Flower setting.
+WITHHELD_ENV = frozenset({"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "PORT"})
+WITHHELD_ENV_PREFIXES = ("CLOCKQ_", "CELERY", "DJANGO_", "FLOWER_")
+
+
+def program_environment(worker_env: dict[str, str]) -> dict[str, str]:
+    """The worker's environment less everything of clockq's: what a program may inherit (PATH,
+    locale, CUDA_VISIBLE_DEVICES, its own libraries' settings)."""
+    return {
+        name: value
+        for name, value in worker_env.items()
+        if name not in WITHHELD_ENV and not name.startswith(WITHHELD_ENV_PREFIXES)
+    }
+
 
 CHECKPOINT_NAME = "checkpoint"
 PROGRESS_NAME = "progress"
@@ -200,8 +211,7 @@ class CommandWorkload(Workload):
             self.progress_file.unlink(missing_ok=True)
         argv = list(self.params["argv"]) + (["--resume"] if self.resume else [])
         # The program is the user's code: it gets no credentials to clockq's own services.
-        env = {k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}
-        env.pop("CLOCKQ_RESUME", None)
+        env = program_environment(dict(os.environ))
         env.update(self.sandbox.env(self.work_dir))
         env.update(
             CLOCKQ_CHECKPOINT_FILE=str(self.checkpoint_file),
