@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db.models import Sum
 
 from clockq.jobs.models import Job, UserQuota
@@ -64,8 +65,6 @@ def check_submit(user, declared_state_bytes: int = 0) -> None:
 def check_checkpoint(job_id: int, owner_id: int, new_bytes: int) -> None:
     """Raise QuotaExceeded if keeping a checkpoint of `new_bytes` for this job would put its owner
     over their storage limit."""
-    from django.contrib.auth import get_user_model
-
     owner = get_user_model().objects.get(pk=owner_id)
     limits = limits_of(owner)
     others = checkpoint_bytes_of(owner_id, excluding_job=job_id)
