@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from django.conf import settings as django_settings
 from django.core.cache import cache
-from django.db import connection
 
 from tests.harness import GpuWorkers, RedisServer
+from tests.helpers import database_url
 
 
 @pytest.fixture(scope="session")
@@ -90,15 +90,6 @@ def operator(django_user_model):
 def carol(django_user_model):
     """Staff."""
     return django_user_model.objects.create_user("carol", password="carol-pass-123", is_staff=True)
-
-
-def database_url() -> str:
-    """The test database as a URL, for worker processes."""
-    s = connection.settings_dict
-    if s["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{s['NAME']}"
-    auth = f"{s['USER']}:{s['PASSWORD']}@" if s.get("PASSWORD") else f"{s['USER']}@" if s.get("USER") else ""
-    return f"postgres://{auth}{s['HOST'] or 'localhost'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
 @pytest.fixture

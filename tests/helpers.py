@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+from django.db import connection
+
 from clockq.jobs import services, workloads
 from clockq.jobs.models import Job
 from clockq.policy.states import TERMINAL_STATES
@@ -45,3 +47,12 @@ def assert_no_overlap(job: Job) -> None:
     slices = list(job.slices.order_by("started_at"))
     for earlier, later in itertools.pairwise(slices):
         assert earlier.ended_at <= later.started_at, f"slices {earlier.pk} and {later.pk} of job {job.pk} overlap"
+
+
+def database_url() -> str:
+    """The test database as a URL, for worker processes."""
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    auth = f"{s['USER']}:{s['PASSWORD']}@" if s.get("PASSWORD") else f"{s['USER']}@" if s.get("USER") else ""
+    return f"postgres://{auth}{s['HOST'] or 'localhost'}:{s['PORT'] or 5432}/{s['NAME']}"

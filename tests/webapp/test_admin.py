@@ -62,6 +62,9 @@ def test_filters_and_search(admin_client, alice):
     page = admin_client.get("/admin/jobs/job/?q=needle").content.decode()
     assert "needle" in page and ">hay<" not in page
     assert admin_client.get("/admin/jobs/job/?state__exact=queued&tier__id__exact=1").status_code == 200
+    submit(alice, "BK", name="crunch", workload="matmul", size=8, steps=1)
+    by_workload = admin_client.get("/admin/jobs/job/?workload=matmul").content.decode()
+    assert "crunch" in by_workload and "needle" not in by_workload
 
 
 def test_adding_a_job_in_the_admin_validates_and_dispatches(admin_client, alice):
