@@ -122,11 +122,15 @@ def prepare_work_dir(work_dir: Path, checkpoint_root: Path, sandbox: Sandbox) ->
     """
     if not sandbox.switches_user:
         return
+    root, job_dir = checkpoint_root.resolve(), work_dir.resolve().parent
+    if job_dir.parent != root:
+        # Never change the modes of folders clockq does not own.
+        raise JobRefused(f"{work_dir} is not a job's work folder under CLOCKQ_CHECKPOINT_DIR ({root})")
     work_dir.chmod(0o700)
     sandbox.hand_over(work_dir)
-    for folder in (work_dir.parent, checkpoint_root):
+    for folder in (job_dir, root):
         folder.chmod(0o711)
-    for folder in checkpoint_root.resolve().parents:
+    for folder in root.parents:
         mode = folder.stat().st_mode
         if not mode & stat.S_IXOTH:
             raise JobRefused(

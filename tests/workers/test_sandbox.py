@@ -148,3 +148,13 @@ def test_the_command_user_must_be_unprivileged(settings):
     for bad in ("root", "Robert'); DROP", ""):
         with pytest.raises(JobRefused):
             sandbox.ensure_command_user(bad)
+
+
+@as_root
+def test_a_work_folder_outside_the_checkpoint_store_is_refused_and_left_alone(tmp_path):
+    elsewhere = tmp_path / "job" / "work"
+    elsewhere.mkdir(parents=True)
+    before = (tmp_path.stat().st_mode, (tmp_path / "job").stat().st_mode)
+    with pytest.raises(JobRefused, match="not a job's work folder"):
+        sandbox.prepare_work_dir(elsewhere, settings.CLOCKQ_CHECKPOINT_DIR, sandbox.sandbox_for_commands())
+    assert (tmp_path.stat().st_mode, (tmp_path / "job").stat().st_mode) == before

@@ -66,6 +66,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from django.conf import settings
+
 from workers.sandbox import prepare_work_dir, sandbox_for_commands
 from workers.workloads.base import RunContext, Workload
 
@@ -107,8 +109,7 @@ class CommandWorkload(Workload):
         self.sandbox = sandbox_for_commands()  # JobRefused if this worker cannot run programs safely
         self.work_dir = Path(ctx.work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        # The checkpoint store's layout: <root>/<job>/work.
-        prepare_work_dir(self.work_dir, self.work_dir.parent.parent, self.sandbox)
+        prepare_work_dir(self.work_dir, Path(settings.CLOCKQ_CHECKPOINT_DIR), self.sandbox)
         self.checkpoint_file = self.work_dir / CHECKPOINT_NAME
         self.progress_file = self.work_dir / PROGRESS_NAME
         self.stderr_file = self.work_dir / STDERR_NAME
