@@ -19,10 +19,13 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from clockq.jobs.quotas import KEPT_GENERATIONS
+
 log = logging.getLogger("clockq.checkpoints")
 
 MAGIC = b"CLOCKQ-CKPT-2\n"
-KEEP_GENERATIONS = 2
+# One number for the store and for the storage quota, which counts what the store keeps.
+KEEP_GENERATIONS = KEPT_GENERATIONS
 
 
 class CheckpointError(Exception):

@@ -530,10 +530,7 @@ class JobRun:
             else f"rolled back to checkpoint generation {self.saved_generation} after {exc!r}; "
             f"retry {failures} of {limit}"
         )
-        # The failed slice's own work is discarded: progress and generation go back to the
-        # last checkpoint the database knows.
-        self.generation, self.progress = self.saved_generation, self.saved_progress
-        self.checkpoint_bytes = self.saved_checkpoint_bytes
+        self._roll_back()
         extra: dict[str, Any] = {"failures": failures, "last_error": error}
         if give_up:
             extra["finished_at"] = timezone.now()
@@ -547,8 +544,7 @@ class JobRun:
         """The checkpoint storage failed: the job goes back to its queue from its last good
         checkpoint, its failure count untouched, and this worker backs off."""
         log.warning("job %s: %s", self.job_id, exc)
-        self.generation, self.progress = self.saved_generation, self.saved_progress
-        self.checkpoint_bytes = self.saved_checkpoint_bytes
+        self._roll_back()
         reason = (
             f"checkpoint storage failed ({exc}); not counted against the job, "
             f"back in the queue from checkpoint generation {self.saved_generation}"
@@ -560,13 +556,17 @@ class JobRun:
         self.runtime.storage_failed(str(exc))
         return RunOutcome.STORAGE_FAULT
 
+    def _roll_back(self) -> None:
+        """Forget the slice's own work: back to the last checkpoint the database knows."""
+        self.generation, self.progress = self.saved_generation, self.saved_progress
+        self.checkpoint_bytes = self.saved_checkpoint_bytes
+
     def _fail_at_once(self, exc: Exception, record: SliceRecord) -> RunOutcome:
         """The job cannot run as things are: its state outgrew its owner's storage quota, or this
         worker refuses it (JobRefused). Retrying would only fail again, so it fails now, keeping
         its last good checkpoint; an operator can fix the cause and requeue it."""
         log.warning("job %s: %s", self.job_id, exc)
-        self.generation, self.progress = self.saved_generation, self.saved_progress
-        self.checkpoint_bytes = self.saved_checkpoint_bytes
+        self._roll_back()
         try:
             self._end(
                 record,

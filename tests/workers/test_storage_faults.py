@@ -32,6 +32,9 @@ def test_a_full_checkpoint_disk_charges_no_job_and_everything_finishes_once_it_h
     assert "No space left on device" in reason
     health = client.get("/healthz")
     assert health.status_code == 503 and health.json()["checks"]["workers"]["degraded"]
+    client.force_login(alice)
+    (worker,) = client.get("/api/queues").json()["workers"]
+    assert "No space left on device" in worker["degraded"]
     assert not Job.objects.filter(failures__gt=0).exists()
     assert not Job.objects.filter(state="failed").exists()
 
