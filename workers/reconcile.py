@@ -74,24 +74,3 @@ def reconcile_queued_jobs() -> int:
     if redispatched:
         log.warning("re-dispatched %s queued job(s) whose messages were missing", redispatched)
     return redispatched
-
-
-def time_out_overdue_jobs() -> int:
-    """Jobs still waiting (queued or held) when their deadline passes end `timed_out`, instead of
-    waiting on in a low tier for a start that no longer helps anyone. Running jobs time out at
-    their next slice boundary."""
-    now = timezone.now()
-    overdue = Job.objects.filter(state__in=[JobState.QUEUED, JobState.HELD], deadline__lt=now)
-    timed_out = 0
-    for job_id, state in overdue.values_list("id", "state"):
-        changed = transition(
-            job_id,
-            to=JobState.TIMED_OUT,
-            expect={JobState(state)},
-            rotate_token=True,
-            reason=f"deadline passed while {state}",
-            actor="reconciler",
-            updates={"finished_at": now},
-        )
-        timed_out += changed is not None
-    return timed_out

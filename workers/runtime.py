@@ -54,10 +54,13 @@ class WorkerIdentity:
 @dataclass(frozen=True)
 class TierInfo:
     id: int
+    code: str
     rank: int
     queue_name: str
     base_slice_ms: int
     min_slice_ms: int
+    wait_target_ms: int | None
+    start_timeout_ms: int | None
 
 
 @dataclass
@@ -71,7 +74,16 @@ class TierCache:
     def get(self, tier_id: int) -> TierInfo:
         if time.monotonic() - self._loaded_at > self.ttl_s or tier_id not in self._rows:
             self._rows = {
-                t.id: TierInfo(t.id, t.rank, t.queue_name, t.base_slice_ms, t.min_slice_ms)
+                t.id: TierInfo(
+                    t.id,
+                    t.code,
+                    t.rank,
+                    t.queue_name,
+                    t.base_slice_ms,
+                    t.min_slice_ms,
+                    t.wait_target_ms,
+                    t.start_timeout_ms,
+                )
                 for t in QueueTier.objects.all()
             }
             self._loaded_at = time.monotonic()

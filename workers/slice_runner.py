@@ -30,6 +30,7 @@ from clockq.jobs import quotas
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.transitions import transition
+from clockq.policy.service_levels import WaitVerdict, judge_wait
 from clockq.policy.slicing import (
     Boundary,
     BoundaryAction,
@@ -77,6 +78,7 @@ class ClaimedJob:
     dispatch_token: str
     owner_id: int
     tier_id: int
+    original_tier_id: int  # its own tier; differs while promoted for one slice
     workload: str
     params: dict[str, Any]
     deadline: datetime | None
@@ -91,6 +93,7 @@ class ClaimedJob:
         "dispatch_token",
         "owner_id",
         "tier_id",
+        "original_tier_id",
         "workload",
         "params",
         "deadline",
@@ -158,14 +161,13 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
     return outcome
 
 
+_CLAIM_ONLY_FIELDS = ("state", "enqueued_at", "submitted_at", "first_started_at", "late_at", "gpu_mem_mib")
+
+
 def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
     """Take a queued job for this worker. None if the message is stale, or the job cannot run
     here (its deadline passed, or it does not fit in this GPU's free memory)."""
-    row = (
-        Job.objects.filter(pk=job_id)
-        .values(*ClaimedJob.FIELDS, "state", "enqueued_at", "first_started_at", "gpu_mem_mib")
-        .first()
-    )
+    row = Job.objects.filter(pk=job_id).values(*ClaimedJob.FIELDS, *_CLAIM_ONLY_FIELDS).first()
     if row is None or row["state"] != JobState.QUEUED or row["dispatch_token"] != token:
         log.info("job %s: dropping stale message (token %s)", job_id, token[:8])
         return None
@@ -182,6 +184,27 @@ def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
             updates={"finished_at": now},
         )
         return None
+    first_start: dict[str, Any] = {}
+    if row["first_started_at"] is None:
+        # Its first start: judged against its own tier's service levels, as the SLO check does.
+        home = runtime.tiers.get(row["original_tier_id"])
+        first_wait_ms = max(int((now - row["submitted_at"]).total_seconds() * 1000), 0)
+        verdict = judge_wait(first_wait_ms, target_ms=home.wait_target_ms, start_timeout_ms=home.start_timeout_ms)
+        if verdict == WaitVerdict.TIMED_OUT:
+            transition(
+                job_id,
+                to=JobState.TIMED_OUT,
+                expect={JobState.QUEUED},
+                token=token,
+                reason=f"not started within {home.code}'s start timeout of {home.start_timeout_ms} ms "
+                f"(claimed after {first_wait_ms} ms)",
+                actor=worker.hostname,
+                updates={"finished_at": now},
+            )
+            return None
+        first_start = {"first_started_at": now, "first_wait_ms": first_wait_ms}
+        if verdict == WaitVerdict.LATE and row["late_at"] is None:
+            first_start["late_at"] = now
     if not _fits(job_id, token, row["gpu_mem_mib"], runtime):
         return None
     waited_ms = max(int((now - row["enqueued_at"]).total_seconds() * 1000), 0) if row["enqueued_at"] else 0
@@ -195,7 +218,7 @@ def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
         updates={
             "worker": worker.hostname,
             "wait_ms": F("wait_ms") + waited_ms,
-            "first_started_at": row["first_started_at"] or now,
+            **first_start,
             "lease_expires_at": lease_until(),
             "slice_started_at": now,
             "placement_note": "",
@@ -230,6 +253,9 @@ class JobRun:
         self.runtime = runtime
         self.token = job.dispatch_token
         self.tier: TierInfo = runtime.tiers.get(job.tier_id)
+        # A promoted job runs one slice in the higher tier, then returns to its own (home) tier.
+        self.home: TierInfo = runtime.tiers.get(job.original_tier_id)
+        self.returning_from: TierInfo | None = None  # set until the return is written
         self.generation = job.checkpoint_generation
         self.checkpoint_bytes = job.checkpoint_bytes  # size of the newest checkpoint
         self.progress = job.progress
@@ -365,8 +391,9 @@ class JobRun:
         if row is None or row["state"] != RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
         self.runtime.interrupts.clear(self.job_id)
-        if row["tier_id"] != self.tier.id:  # promoted (or moved by an operator) while running
+        if row["tier_id"] != self.tier.id:  # moved by an operator while running
             self.tier = self.runtime.tiers.get(row["tier_id"])
+        self._return_home()  # decide as a job of its own tier from here on
         decision = decide_at_boundary(
             Boundary(
                 done=done,
@@ -448,6 +475,7 @@ class JobRun:
             )
             if updated != 1:
                 raise LostOwnership("job changed under this worker")
+            self._note_return()
             # The next slice starts where this one ends, so a slice lost later never overlaps it.
             self._save_slice(record, SliceOutcome.CONTINUED, ended_at=now)
         if checkpointed:
@@ -470,7 +498,7 @@ class JobRun:
         self.last_checkpoint_at = time.monotonic()
 
     def _progress_fields(self, record: SliceRecord) -> dict[str, Any]:
-        return {
+        fields = {
             "progress": self.progress,
             "run_ms": F("run_ms") + int(record.used_ms),
             "slice_count": F("slice_count") + 1,
@@ -478,10 +506,26 @@ class JobRun:
             "checkpoint_bytes": self.checkpoint_bytes,
             "util_ewma": self.util_ewma,
         }
+        if self.returning_from is not None:
+            fields["tier_id"] = self.home.id
+        return fields
+
+    def _return_home(self) -> None:
+        """After its one slice in a higher tier, a promoted job belongs to its own tier again;
+        the next write of the job says so (and the job's history with it)."""
+        if self.tier.id != self.home.id:
+            self.returning_from, self.tier = self.tier, self.home
+
+    def _note_return(self) -> None:
+        """In the transaction that wrote the return."""
+        if self.returning_from is not None:
+            self._note(f"returned to {self.home.code} after one slice in {self.returning_from.code}")
+            self.returning_from = None
 
     def _end(self, record: SliceRecord, outcome: SliceOutcome, to: JobState, reason: str, extra: dict) -> None:
         """Leave RUNNING, with the slice recorded in the same transaction."""
         with transaction.atomic():
+            self._note_return()
             changed = transition(
                 self.job_id,
                 to=to,
@@ -557,7 +601,9 @@ class JobRun:
         return RunOutcome.STORAGE_FAULT
 
     def _roll_back(self) -> None:
-        """Forget the slice's own work: back to the last checkpoint the database knows."""
+        """Forget the slice's own work: back to the last checkpoint the database knows. A
+        promoted job had its slice, good or not, and goes back to its own tier."""
+        self._return_home()
         self.generation, self.progress = self.saved_generation, self.saved_progress
         self.checkpoint_bytes = self.saved_checkpoint_bytes
 

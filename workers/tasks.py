@@ -9,6 +9,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 
 from clockq.bus.dispatch import RUN_SLICE_TASK
+from clockq.jobs import promotion, service_levels
 from workers import heartbeat, reaper, reconcile, retention, runtime, shutdown
 from workers.probes import make_probe
 from workers.slice_runner import RunOutcome, run_dispatch
@@ -28,7 +29,6 @@ def run_slice(self, job_id, token) -> RunOutcome:
 
 @shared_task(name="clockq.reconcile_queued_jobs", ignore_result=True)
 def reconcile_queued_jobs() -> int:
-    reconcile.time_out_overdue_jobs()
     return reconcile.reconcile_queued_jobs()
 
 
@@ -40,6 +40,24 @@ def reap_expired_leases() -> int:
 @shared_task(name="clockq.delete_old_checkpoints", ignore_result=True)
 def delete_old_checkpoints() -> int:
     return retention.delete_old_checkpoints()
+
+
+@shared_task(name="clockq.promotion_tick", ignore_result=True)
+def promotion_tick() -> int:
+    return len(promotion.promotion_tick().promotions)
+
+
+@shared_task(name="clockq.batch_chance", ignore_result=True)
+def batch_chance(tier="BP") -> int:
+    if not isinstance(tier, str):
+        log.error("batch chance: the periodic task's kwargs must name a tier code, got %r", tier)
+        return 0
+    return promotion.give_batch_chance(tier)
+
+
+@shared_task(name="clockq.slo_check", ignore_result=True)
+def slo_check() -> None:
+    service_levels.check_service_levels()
 
 
 @worker_ready.connect

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from clockq.policy.promotion import TierLinks, promotion_problems
 from clockq.policy.slicing import PendingAction, SliceOutcome
 from clockq.policy.states import ACTIVE_STATES, JobState
 
@@ -30,6 +31,33 @@ class QueueTier(models.Model):
     min_slice_ms = models.PositiveIntegerField(
         default=20, validators=[MinValueValidator(1), MaxValueValidator(3_600_000)]
     )
+    start_timeout_ms = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="A job not started this long after submission ends timed_out (a late inference is "
+        "worthless). Empty: never; a job that misses its wait target is only marked late.",
+    )
+    # Starvation control (clockq/policy/promotion.py). A promoted job runs one slice in the
+    # higher tier, then returns to its own.
+    promote_after_rounds = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(10_000)],
+        help_text="Promote a waiting job skipped in this many consecutive rounds. Empty: never.",
+    )
+    promote_to = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+", help_text="A more urgent tier."
+    )
+    chance_jobs = models.PositiveSmallIntegerField(
+        default=0,
+        validators=[MaxValueValidator(1_000)],
+        help_text="At each batch chance (a periodic task, every 2 h by default), this many of the "
+        "oldest waiting jobs get one slice in the chance tier. 0: none.",
+    )
+    chance_to = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+", help_text="A more urgent tier."
+    )
 
     class Meta:
         ordering = ["rank"]
@@ -42,6 +70,25 @@ class QueueTier(models.Model):
 
         if self.min_slice_ms and self.base_slice_ms and self.min_slice_ms > self.base_slice_ms:
             raise ValidationError({"min_slice_ms": "The minimum slice cannot exceed the base slice."})
+        if self.promote_to_id is not None and not self.promote_after_rounds:
+            raise ValidationError({"promote_after_rounds": "Say after how many rounds to promote to that tier."})
+        if self.chance_jobs and self.chance_to_id is None:
+            raise ValidationError({"chance_to": "Choose the tier whose queue the batch chance runs through."})
+        # The whole table as it would be after this edit: no promotion may point down or loop.
+        table = {t.pk: t for t in QueueTier.objects.exclude(pk=self.pk)} | {self.pk: self}
+        problems = promotion_problems(
+            {
+                t.code: TierLinks(
+                    t.rank,
+                    table[t.promote_to_id].code if t.promote_to_id in table else None,
+                    table[t.chance_to_id].code if t.chance_to_id in table else None,
+                )
+                for t in table.values()
+            }
+        )
+        mine = [p for p in problems if p.tier == self.code] or problems
+        if mine:
+            raise ValidationError({mine[0].field: [p.message for p in mine]})
 
 
 class Job(models.Model):
@@ -62,8 +109,14 @@ class Job(models.Model):
 
     submitted_at = models.DateTimeField(auto_now_add=True)
     enqueued_at = models.DateTimeField(null=True, blank=True, help_text="When the job last entered its queue.")
-    first_started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    first_started_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # From submission to the first start: the wait the service levels and KPIs measure.
+    first_wait_ms = models.BigIntegerField(null=True, blank=True)
+    # When the job passed its tier's wait target without having started; it keeps its place.
+    late_at = models.DateTimeField(null=True, blank=True)
+    # Consecutive rounds in which slices started and none was this job's (clockq/policy/promotion.py).
+    skipped_rounds = models.PositiveIntegerField(default=0)
+    finished_at = models.DateTimeField(null=True, blank=True, db_index=True)
     wait_ms = models.BigIntegerField(default=0)
     run_ms = models.BigIntegerField(default=0)
 
@@ -138,6 +191,8 @@ class Slice(models.Model):
 
     class Meta:
         ordering = ["started_at", "id"]
+        # The promotion tick reads slices by start, the KPI rollup by end.
+        indexes = [models.Index(fields=["started_at"]), models.Index(fields=["ended_at"])]
 
 
 class JobEvent(models.Model):
@@ -150,3 +205,14 @@ class JobEvent(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+
+
+class PromotionClock(models.Model):
+    """One row: when the last promotion tick ended, so that each tick judges exactly the slices
+    started since. Locked for the length of a tick, so two ticks never count one round twice."""
+
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    rounds = models.PositiveBigIntegerField(default=0, help_text="Ticks in which slices started.")
+
+    def __str__(self) -> str:
+        return f"promotion clock (last tick {self.last_tick_at})"

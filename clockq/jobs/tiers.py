@@ -1,4 +1,4 @@
-"""Seed the five tiers from the policy's table; used by the data migration and by tests."""
+"""Seed the five tiers from the policy's table; used by the data migrations and by tests."""
 
 from __future__ import annotations
 
@@ -6,16 +6,44 @@ from clockq.policy.tiers import DEFAULT_TIERS
 
 
 def ensure_default_tiers(tier_model) -> None:
-    """Create any missing tier row. Existing rows keep an operator's edits."""
+    """Create any missing tier row, with the specification's service levels and promotion links.
+    Existing rows keep an operator's edits. Migrations pass their historical model, which may
+    predate some fields: only the fields it has are set (0006 sets the later ones)."""
+    has = {f.name for f in tier_model._meta.get_fields()}
+    created = set()
     for spec in DEFAULT_TIERS:
-        tier_model.objects.get_or_create(
+        _, made = tier_model.objects.get_or_create(
             code=spec.code,
             defaults={
-                "rank": spec.rank,
-                "use": spec.use,
-                "queue_name": spec.queue_name,
-                "wait_target_ms": spec.wait_target_ms,
-                "base_slice_ms": spec.base_slice_ms,
-                "min_slice_ms": spec.min_slice_ms,
+                name: value
+                for name, value in {
+                    "rank": spec.rank,
+                    "use": spec.use,
+                    "queue_name": spec.queue_name,
+                    "wait_target_ms": spec.wait_target_ms,
+                    "base_slice_ms": spec.base_slice_ms,
+                    "min_slice_ms": spec.min_slice_ms,
+                    "start_timeout_ms": spec.start_timeout_ms,
+                    "promote_after_rounds": spec.promote_after_rounds,
+                    "chance_jobs": spec.chance_jobs,
+                }.items()
+                if name in has
             },
+        )
+        if made:
+            created.add(spec.code)
+    if "promote_to" in has:
+        link_default_tiers(tier_model, only=created)
+
+
+def link_default_tiers(tier_model, only=None) -> None:
+    """Point the promotion and batch-chance links as the specification has them, for the tiers
+    in `only` (all when None). A second pass: a link needs its target's row."""
+    rows = {t.code: t for t in tier_model.objects.all()}
+    for spec in DEFAULT_TIERS:
+        if spec.code not in rows or (only is not None and spec.code not in only):
+            continue
+        tier_model.objects.filter(pk=rows[spec.code].pk).update(
+            promote_to=rows.get(spec.promote_to) if spec.promote_to else None,
+            chance_to=rows.get(spec.chance_to) if spec.chance_to else None,
         )

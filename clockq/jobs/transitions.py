@@ -58,6 +58,9 @@ def transition(
     fields.setdefault("pending_action", PendingAction.NONE)
     if to != JobState.RUNNING:
         fields.setdefault("lease_expires_at", None)
+    if to != JobState.QUEUED:
+        # Leaving the queue ends a wait; a starved job's streak of skipped rounds restarts.
+        fields.setdefault("skipped_rounds", 0)
     if to == JobState.QUEUED:
         now = timezone.now()
         fields.setdefault("enqueued_at", now)

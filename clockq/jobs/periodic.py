@@ -1,0 +1,62 @@
+"""The periodic tasks that the specification's service levels need, seeded into
+django-celery-beat's tables so that operators see and edit them in the admin (Periodic tasks).
+Beat's DatabaseScheduler notices an edit within a few seconds; no restart is needed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class Periodic:
+    name: str
+    task: str
+    every_s: int
+    kwargs: dict = field(default_factory=dict)
+    description: str = ""
+
+
+PERIODIC_TASKS: tuple[Periodic, ...] = (
+    Periodic(
+        "clockq: promotion tick",
+        "clockq.promotion_tick",
+        10,
+        description="Counts rounds and skips; promotes starved jobs (tiers: promote after rounds, promote to).",
+    ),
+    Periodic(
+        "clockq: batch chance BP",
+        "clockq.batch_chance",
+        2 * 3600,
+        {"tier": "BP"},
+        description="The oldest waiting BP jobs get one slice through a more urgent queue (tiers: chance jobs, "
+        "chance to).",
+    ),
+    Periodic(
+        "clockq: SLO check",
+        "clockq.slo_check",
+        10,
+        description="Times out jobs past their deadline or their tier's start timeout; marks late ones.",
+    ),
+    Periodic("clockq: KPI rollup", "clockq.kpi_rollup", 60, description="Fills the KPI tables behind /api/kpis."),
+)
+
+
+def ensure_periodic_tasks(periodic_task_model, interval_model) -> None:
+    """Create the missing ones; an operator's edits to existing ones are kept."""
+    for spec in PERIODIC_TASKS:
+        if periodic_task_model.objects.filter(name=spec.name).exists():
+            continue
+        interval, _ = interval_model.objects.get_or_create(every=spec.every_s, period="seconds")
+        periodic_task_model.objects.create(
+            name=spec.name,
+            task=spec.task,
+            interval=interval,
+            kwargs=json.dumps(spec.kwargs),
+            queue=settings.CONTROL_QUEUE,
+            # A tick that waited longer than its period is dropped; the next one does its work.
+            expire_seconds=spec.every_s,
+            description=spec.description,
+        )
