@@ -216,3 +216,65 @@ class PromotionClock(models.Model):
 
     def __str__(self) -> str:
         return f"promotion clock (last tick {self.last_tick_at})"
+
+
+def _empty_wait_counts() -> list[int]:
+    from clockq.policy.kpis import WAIT_BUCKETS_MS
+
+    return [0] * (len(WAIT_BUCKETS_MS) + 1)
+
+
+class KpiMinute(models.Model):
+    """What the KPIs add up, per minute and per tier (the job's own tier, promoted or not).
+    Filled by the KPI rollup periodic task (clockq/jobs/kpis.py), so /api/kpis and the dashboard
+    never scan every Slice. A minute's row is recomputed while late data can still arrive."""
+
+    minute = models.DateTimeField(help_text="Start of the minute (UTC).")
+    tier = models.ForeignKey(QueueTier, on_delete=models.CASCADE, related_name="+")
+    queue_depth = models.PositiveIntegerField(default=0, help_text="Jobs queued when the rollup sampled it.")
+    # Jobs whose first start fell in this minute, and their waits from submission.
+    started = models.PositiveIntegerField(default=0)
+    wait_ms_sum = models.BigIntegerField(default=0)
+    wait_counts = models.JSONField(default=_empty_wait_counts, help_text="Per WAIT_BUCKETS_MS bucket, then longer.")
+    # Jobs that ended in this minute.
+    succeeded = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    timed_out = models.PositiveIntegerField(default=0)
+    cancelled = models.PositiveIntegerField(default=0)
+    on_time = models.PositiveIntegerField(default=0)
+    late = models.PositiveIntegerField(default=0, help_text="Jobs marked late in this minute.")
+    promotions = models.PositiveIntegerField(default=0, help_text="Promotions and batch chances.")
+    # Slices that ended in this minute.
+    slices = models.PositiveIntegerField(default=0)
+    slice_outcomes = models.JSONField(default=dict, help_text="Outcome -> count.")
+    busy_ms = models.BigIntegerField(default=0, help_text="GPU time the slices held.")
+    useful_ms = models.BigIntegerField(default=0, help_text="GPU time whose work was kept (not failed or lost).")
+    util_ms = models.FloatField(default=0.0, help_text="Sum of used_ms x measured GPU utilisation.")
+    switches = models.PositiveIntegerField(default=0)
+    switch_ms_sum = models.FloatField(default=0.0, help_text="Checkpoint plus restore time of the switches.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["minute", "tier"], name="kpi_minute_tier")]
+        indexes = [models.Index(fields=["minute"])]
+
+    def __str__(self) -> str:
+        return f"KPIs of {self.tier_id} at {self.minute:%Y-%m-%d %H:%M}"
+
+
+class GpuMinute(models.Model):
+    """Per minute and GPU worker: its capacity and how busy it was. A row exists for every GPU
+    worker alive in that minute, idle or not, so utilisation counts idle GPUs."""
+
+    minute = models.DateTimeField()
+    worker = models.CharField(max_length=200)
+    gpu_index = models.IntegerField()
+    busy_ms = models.BigIntegerField(default=0)
+    util_ms = models.FloatField(default=0.0)
+    slices = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["minute", "worker"], name="gpu_minute_worker")]
+        indexes = [models.Index(fields=["minute"])]
+
+    def __str__(self) -> str:
+        return f"{self.worker} at {self.minute:%Y-%m-%d %H:%M}"
