@@ -8,17 +8,40 @@ from django.contrib import admin, messages
 from django.forms.models import BaseInlineFormSet
 from django.utils import timezone
 
-from clockq.jobs import quotas, services, workloads
+from clockq.jobs import promotion, quotas, services, workloads
 from clockq.jobs.models import Job, JobEvent, QueueTier, Slice, UserQuota
 from webapp.forms import JobSubmitForm, storable_deadline
 
 
 @admin.register(QueueTier)
 class QueueTierAdmin(admin.ModelAdmin):
-    list_display = ["code", "rank", "use", "queue_name", "wait_target_ms", "base_slice_ms", "min_slice_ms"]
+    """Service levels, slices and starvation control per tier. A promotion link may only point
+    to a more urgent tier, so promotions cannot loop (the model's clean() refuses the rest).
+    The promotion tick's and batch chance's intervals are periodic tasks (Periodic tasks)."""
+
+    list_display = [
+        "code",
+        "rank",
+        "use",
+        "queue_name",
+        "wait_target_ms",
+        "start_timeout_ms",
+        "base_slice_ms",
+        "min_slice_ms",
+        "promote_after_rounds",
+        "promote_to",
+        "chance_jobs",
+        "chance_to",
+    ]
     list_editable = ["wait_target_ms", "base_slice_ms", "min_slice_ms"]
     # Code, rank and queue are wired into Celery routing; they are not editable here.
     readonly_fields = ["code", "rank", "queue_name"]
+    fieldsets = [
+        (None, {"fields": ["code", "rank", "use", "queue_name"]}),
+        ("Service level", {"fields": ["wait_target_ms", "start_timeout_ms"]}),
+        ("Slices", {"fields": ["base_slice_ms", "min_slice_ms"]}),
+        ("Starvation control", {"fields": ["promote_after_rounds", "promote_to", "chance_jobs", "chance_to"]}),
+    ]
 
     def has_add_permission(self, request):
         return False
@@ -160,6 +183,11 @@ def release_jobs(modeladmin, request, queryset):
     _run_action(modeladmin, request, queryset, services.release_job, "Released")
 
 
+@admin.action(description="Promote selected waiting jobs for one slice (to their tier's promote-to tier)")
+def promote_jobs(modeladmin, request, queryset):
+    _run_action(modeladmin, request, queryset, promotion.promote_job, "Promoted")
+
+
 class WorkloadFilter(admin.SimpleListFilter):
     """The workloads in settings, not a SELECT DISTINCT over every job ever submitted."""
 
@@ -182,6 +210,7 @@ class JobAdmin(admin.ModelAdmin):
         "tier",
         "workload",
         "state",
+        "late",
         "progress_pct",
         "slice_count",
         "failures",
@@ -190,7 +219,7 @@ class JobAdmin(admin.ModelAdmin):
     list_filter = ["state", "tier", "owner", WorkloadFilter]
     search_fields = ["name", "owner__username", "workload", "last_error"]
     list_select_related = ["owner", "tier"]
-    actions = [cancel_jobs, requeue_jobs, hold_jobs, release_jobs]
+    actions = [cancel_jobs, requeue_jobs, hold_jobs, release_jobs, promote_jobs]
     inlines = [SliceInline, JobEventInline]
     readonly_fields = [
         "owner",
@@ -204,6 +233,9 @@ class JobAdmin(admin.ModelAdmin):
         "submitted_at",
         "enqueued_at",
         "first_started_at",
+        "first_wait_ms",
+        "late_at",
+        "skipped_rounds",
         "finished_at",
         "wait_ms",
         "run_ms",
@@ -220,6 +252,10 @@ class JobAdmin(admin.ModelAdmin):
         "failures",
         "last_error",
     ]
+
+    @admin.display(description="late", boolean=True)
+    def late(self, job):
+        return job.late_at is not None
 
     @admin.display(description="progress")
     def progress_pct(self, job):

@@ -14,7 +14,7 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 
 from clockq.bus import heartbeat
-from clockq.jobs import services
+from clockq.jobs import promotion, services
 from clockq.jobs.models import Job, QueueTier
 from clockq.policy.states import JobState
 from webapp.access import visible_jobs
@@ -26,6 +26,7 @@ from webapp.serializers import (
     JobPageSerializer,
     JobSerializer,
     JobSubmitSerializer,
+    PromoteSerializer,
     QueuesSerializer,
     SliceSerializer,
 )
@@ -167,6 +168,41 @@ def job_cancel(request, job_id: int):
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
     try:
         job = services.cancel_job(job, actor=request.user.get_username())
+    except services.ActionRefused as exc:
+        return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+    return Response(JobSerializer(job).data)
+
+
+@extend_schema(
+    operation_id="jobs_promote",
+    summary="Promote a waiting job for one slice (staff)",
+    description="The job gets one slice in a more urgent tier, then returns to its own, as a starved job "
+    "does after `promote_after_rounds` skipped rounds. The history records who promoted it.",
+    parameters=[JOB_ID],
+    request=PromoteSerializer,
+    responses={
+        200: JobSerializer,
+        400: FIELD_ERRORS,
+        403: OpenApiResponse(ErrorSerializer, description="Only staff may promote jobs."),
+        404: NOT_FOUND,
+        409: OpenApiResponse(ErrorSerializer, description="The job is not waiting, or already promoted."),
+        **POST_ERRORS,
+    },
+)
+@api_view(["POST"])
+def job_promote(request, job_id: int):
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    if not request.user.is_staff:
+        return Response({"detail": "Only staff may promote jobs."}, status=status.HTTP_403_FORBIDDEN)
+    data = request.data if request.data is not None else {}
+    if not isinstance(data, dict) or set(data) - {"tier"}:
+        return Response({"detail": 'The body must be empty or {"tier": "<code>"}.'}, status=400)
+    tier = data.get("tier")
+    if tier is not None and (not isinstance(tier, str) or not QueueTier.objects.filter(code=tier).exists()):
+        codes = ", ".join(QueueTier.objects.values_list("code", flat=True))
+        return Response({"tier": [f"must be one of {codes}"]}, status=400)
+    try:
+        job = promotion.promote_job(job, actor=request.user.get_username(), to_tier_code=tier)
     except services.ActionRefused as exc:
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
     return Response(JobSerializer(job).data)

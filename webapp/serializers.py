@@ -66,6 +66,9 @@ class JobSerializer(serializers.ModelSerializer):
             "worker",
             "submitted_at",
             "first_started_at",
+            "first_wait_ms",
+            "late_at",
+            "skipped_rounds",
             "finished_at",
             "gpu_mem_mib",
             "placement_note",
@@ -73,6 +76,13 @@ class JobSerializer(serializers.ModelSerializer):
             "switch_cost_ms",
         ]
         read_only_fields = fields
+
+
+class PromoteSerializer(serializers.Serializer):
+    tier = serializers.CharField(
+        required=False,
+        help_text="A more urgent tier than the job's own; default: its tier's promote-to tier, else one rank up.",
+    )
 
 
 # --- For the OpenAPI schema only ------------------------------------------------------------

@@ -26,6 +26,7 @@ urlpatterns = [
     path("api/jobs", api.jobs, name="api-jobs"),
     path("api/jobs/<int:job_id>", api.job_detail, name="api-job"),
     path("api/jobs/<int:job_id>/cancel", api.job_cancel, name="api-job-cancel"),
+    path("api/jobs/<int:job_id>/promote", api.job_promote, name="api-job-promote"),
     path("api/queues", api.queues, name="api-queues"),
     path("api/gpus", gpus_api.gpus, name="api-gpus"),
     # The OpenAPI schema is public, so that clients can discover the API: it describes the

@@ -70,10 +70,12 @@ class QueueTier(models.Model):
 
         if self.min_slice_ms and self.base_slice_ms and self.min_slice_ms > self.base_slice_ms:
             raise ValidationError({"min_slice_ms": "The minimum slice cannot exceed the base slice."})
+        # Not keyed by field: the admin's tier list edits only some fields, and a form cannot
+        # show an error on a field it does not have. Each message names its field.
         if self.promote_to_id is not None and not self.promote_after_rounds:
-            raise ValidationError({"promote_after_rounds": "Say after how many rounds to promote to that tier."})
+            raise ValidationError("Promote after rounds: say after how many skipped rounds to promote.")
         if self.chance_jobs and self.chance_to_id is None:
-            raise ValidationError({"chance_to": "Choose the tier whose queue the batch chance runs through."})
+            raise ValidationError("Chance to: choose the tier whose queue the batch chance runs through.")
         # The whole table as it would be after this edit: no promotion may point down or loop.
         table = {t.pk: t for t in QueueTier.objects.exclude(pk=self.pk)} | {self.pk: self}
         problems = promotion_problems(
@@ -86,9 +88,8 @@ class QueueTier(models.Model):
                 for t in table.values()
             }
         )
-        mine = [p for p in problems if p.tier == self.code] or problems
-        if mine:
-            raise ValidationError({mine[0].field: [p.message for p in mine]})
+        if problems:
+            raise ValidationError([f"{p.field.replace('_', ' ').capitalize()}: {p.message}" for p in problems])
 
 
 class Job(models.Model):

@@ -16,6 +16,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from clockq.jobs.models import Job, PromotionClock, QueueTier, Slice
+from clockq.jobs.services import ActionRefused
 from clockq.jobs.transitions import transition
 from clockq.policy import promotion as rules
 from clockq.policy.states import JobState
@@ -26,7 +27,7 @@ QUEUED = JobState.QUEUED
 _CHUNK = 500  # ids per UPDATE: SQLite bounds the number of parameters
 
 
-class PromotionRefused(Exception):
+class PromotionRefused(ActionRefused):
     """A promotion by hand that cannot be done: the job is not waiting, or the tier is wrong."""
 
 

@@ -112,13 +112,87 @@ def test_editing_a_job_keeps_state_and_validates_the_deadline(admin_client, alic
     assert Job.objects.get(pk=job.pk).name == "old"
 
 
+def tier_form(tier, **changes):
+    """The tier's change form as the admin posts it, with `changes`."""
+    fields = ["use", "wait_target_ms", "start_timeout_ms", "base_slice_ms", "min_slice_ms"]
+    fields += ["promote_after_rounds", "chance_jobs"]
+    data = {f: getattr(tier, f) for f in fields} | {"promote_to": tier.promote_to_id, "chance_to": tier.chance_to_id}
+    data |= changes
+    return {k: "" if v is None else v for k, v in data.items()}
+
+
 def test_tiers_are_editable_and_checked(admin_client):
     sp = QueueTier.objects.get(code="SP")
     url = f"/admin/jobs/queuetier/{sp.pk}/change/"
-    bad = admin_client.post(url, {"use": "training", "wait_target_ms": 600000, "base_slice_ms": 10, "min_slice_ms": 20})
+    bad = admin_client.post(url, tier_form(sp, base_slice_ms=10, min_slice_ms=20))
     assert "cannot exceed the base slice" in bad.content.decode()
-    admin_client.post(url, {"use": "training", "wait_target_ms": 600000, "base_slice_ms": 100, "min_slice_ms": 20})
+    admin_client.post(url, tier_form(sp, base_slice_ms=100, min_slice_ms=20))
     assert QueueTier.objects.get(code="SP").base_slice_ms == 100
+
+
+def tiers():
+    return {t.code: t for t in QueueTier.objects.all()}
+
+
+@pytest.mark.parametrize(
+    ("tier", "changes", "error"),
+    [
+        ("HP", lambda t: {"promote_after_rounds": 3, "promote_to": t["SP"].pk}, "HP -&gt; SP: jobs may only be lifted"),
+        ("HP", lambda t: {"promote_after_rounds": 3, "promote_to": t["SP"].pk}, "would loop"),
+        ("SP", lambda t: {"promote_to": t["SP"].pk}, "cannot be lifted to itself"),
+        ("SP", lambda t: {"promote_to": 999}, "Select a valid choice"),
+        ("SP", lambda t: {"promote_after_rounds": -1}, "greater than or equal to"),
+        ("SP", lambda t: {"promote_after_rounds": ""}, "say after how many skipped rounds"),
+        ("BP", lambda t: {"chance_to": t["BK"].pk}, "BP -&gt; BK"),
+        ("BP", lambda t: {"chance_to": ""}, "choose the tier whose queue"),
+        ("BP", lambda t: {"chance_jobs": -2}, "greater than or equal to"),
+        ("RT", lambda t: {"start_timeout_ms": 0}, "greater than or equal to 1"),
+    ],
+)
+def test_a_bad_tier_edit_is_refused_and_changes_nothing(admin_client, tier, changes, error):
+    before = list(QueueTier.objects.order_by("pk").values())
+    row = tiers()[tier]
+    page = admin_client.post(f"/admin/jobs/queuetier/{row.pk}/change/", tier_form(row, **changes(tiers())))
+    assert page.status_code == 200  # the form again, with the error
+    assert error in page.content.decode()
+    assert list(QueueTier.objects.order_by("pk").values()) == before
+
+
+def test_promotion_settings_are_editable(admin_client):
+    t = tiers()
+    admin_client.post(
+        f"/admin/jobs/queuetier/{t['BK'].pk}/change/", tier_form(t["BK"], promote_after_rounds=5, promote_to=t["BP"].pk)
+    )
+    bk = QueueTier.objects.get(code="BK")
+    assert (bk.promote_after_rounds, bk.promote_to.code) == (5, "BP")
+    assert admin_client.get("/admin/jobs/queuetier/").status_code == 200
+
+
+def test_the_periodic_tasks_are_seeded_and_a_bad_interval_is_refused(admin_client):
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    names = set(PeriodicTask.objects.values_list("name", flat=True))
+    for name in ("promotion tick", "batch chance BP", "SLO check", "KPI rollup"):
+        assert f"clockq: {name}" in names
+    tick = PeriodicTask.objects.get(name="clockq: promotion tick")
+    assert (tick.interval.every, tick.interval.period, tick.queue) == (10, "seconds", "control")
+    assert PeriodicTask.objects.get(name="clockq: batch chance BP").interval.every == 7200
+
+    page = admin_client.post("/admin/django_celery_beat/intervalschedule/add/", {"every": -5, "period": "seconds"})
+    assert "greater than or equal to 1" in page.content.decode()
+    assert not IntervalSchedule.objects.filter(every=-5).exists()
+
+
+def test_staff_promote_jobs_from_the_admin(admin_client, alice):
+    waiting, running = submit(alice, "SP", "waiting"), submit(alice, "SP", "running")
+    Job.objects.filter(pk=running.pk).update(state="running")
+    page = admin_client.post(
+        "/admin/jobs/job/", {"action": "promote_jobs", "_selected_action": [waiting.pk, running.pk]}, follow=True
+    )
+    assert Job.objects.get(pk=waiting.pk).tier.code == "HP"
+    assert Job.objects.get(pk=running.pk).tier.code == "SP"
+    assert "Promoted 1 job(s)." in page.content.decode()
+    assert f"Only a waiting job can be promoted; job #{running.pk} is running" in page.content.decode()
 
 
 def test_the_job_page_shows_placement_and_telemetry(admin_client, alice):
