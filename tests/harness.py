@@ -166,3 +166,45 @@ def shared_copy(source: Path, folder: Path) -> str:
     shutil.copyfile(source, target)
     target.chmod(0o644)
     return str(target)
+
+
+class Beat:
+    """Celery beat on django-celery-beat's DatabaseScheduler, and the control worker that runs
+    its tasks: the real processes `make run` starts, on the test's database and broker."""
+
+    def __init__(self, env: dict[str, str], workdir: Path):
+        self.env = env
+        self.workdir = workdir
+        self.procs: list[subprocess.Popen] = []
+        self.log_path = workdir / "beat.log"
+
+    def start(self, redis_url: str) -> Beat:
+        from workers.launch import control_worker_argv
+
+        env = {**os.environ, **self.env, "REDIS_URL": redis_url}
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        beat = [sys.executable, "-m", "celery", "-A", "clockq", "beat", "--loglevel", "INFO"]
+        # --max-interval: how often beat looks at the table for edits (DatabaseScheduler: 5 s).
+        beat += ["--scheduler", "django_celery_beat.schedulers:DatabaseScheduler", "--max-interval", "1"]
+        beat += ["--pidfile", str(self.workdir / "beat.pid"), "--schedule", str(self.workdir / "beat-schedule")]
+        for argv in (control_worker_argv(), beat):
+            self.procs.append(
+                subprocess.Popen(
+                    argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
+        return self
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs = []
+        if getattr(self, "log", None):
+            self.log.close()

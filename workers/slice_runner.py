@@ -524,6 +524,7 @@ class JobRun:
 
     def _end(self, record: SliceRecord, outcome: SliceOutcome, to: JobState, reason: str, extra: dict) -> None:
         """Leave RUNNING, with the slice recorded in the same transaction."""
+        updates = {**self._progress_fields(record), **extra}  # before the return is noted
         with transaction.atomic():
             self._note_return()
             changed = transition(
@@ -534,7 +535,7 @@ class JobRun:
                 reason=reason,
                 actor=self.runtime.identity.hostname,
                 rotate_token=to in (JobState.QUEUED, JobState.HELD),
-                updates={**self._progress_fields(record), **extra},
+                updates=updates,
                 queue_name=self.tier.queue_name,
             )
             if changed is None:

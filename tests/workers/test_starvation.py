@@ -1,0 +1,142 @@
+"""Starvation control and service levels end to end: real beat (DatabaseScheduler), the real
+control worker running its tasks, and real GPU workers. Intervals are shortened by editing the
+periodic tasks, as an operator would in the admin, while beat runs."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from clockq.jobs.models import Job, QueueTier
+from tests.harness import Beat, wait_for
+from tests.helpers import database_url, submit, wait_finished
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def beat(transactional_db, redis_server, settings, tmp_path):
+    """Beat and the control worker, with the seeded periodic tasks (a transactional test's
+    flush removes the rows the migration made)."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from clockq.jobs.periodic import ensure_periodic_tasks
+
+    ensure_periodic_tasks(PeriodicTask, IntervalSchedule)
+    started: list[Beat] = []
+
+    def start(**every_s: int) -> Beat:
+        for name, seconds in every_s.items():
+            set_interval(name.replace("_", " "), seconds)
+        env = {"DATABASE_URL": database_url(), "CLOCKQ_CHECKPOINT_DIR": str(settings.CLOCKQ_CHECKPOINT_DIR)}
+        started.append(Beat(env, tmp_path).start(redis_server.url))
+        return started[-1]
+
+    yield start
+    for b in started:
+        b.stop()
+        print(f"--- beat and control worker (tail) ---\n{b.log_path.read_text(errors='replace')[-5000:]}")
+
+
+def set_interval(task: str, seconds: int) -> None:
+    """What an operator does in the admin: give the periodic task another interval."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    periodic = PeriodicTask.objects.get(name=f"clockq: {task}")
+    periodic.interval, _ = IntervalSchedule.objects.get_or_create(every=seconds, period="seconds")
+    periodic.expire_seconds = seconds
+    periodic.save()  # signals beat's DatabaseScheduler that the table changed
+
+
+def reasons(job) -> list[str]:
+    return list(Job.objects.get(pk=job.pk).events.values_list("reason", flat=True))
+
+
+def test_an_sp_job_starved_by_hp_work_is_promoted_after_three_rounds_runs_and_returns(alice, start_workers, beat):
+    start_workers(1)
+    # A steady stream of HP work: two HP jobs taking turns on the only GPU, for about 40 s.
+    hp = [submit(alice, "HP", f"hp-{i}", steps=4000, step_ms=10, state_kb=1) for i in range(2)]
+    wait_for(lambda: Job.objects.filter(pk__in=[j.pk for j in hp], slice_count__gte=2).count() == 2, 30)
+    starved = submit(alice, "SP", "starved", steps=1_000_000, step_ms=10, state_kb=1)
+    beat(promotion_tick=1)
+
+    wait_for(lambda: any(r.startswith("returned to SP after one slice in HP") for r in reasons(starved)), 60,
+             what="the SP job to be promoted, run a slice and return")  # fmt: skip
+
+    job = Job.objects.get(pk=starved.pk)
+    history = reasons(job)
+    promoted = next(i for i, r in enumerate(history) if r.startswith("promoted SP -> HP"))
+    assert "skipped in 3 consecutive rounds" in history[promoted]
+    assert any(r.startswith("claimed on GPU") for r in history[promoted:])
+    assert job.original_tier.code == "SP" and job.slice_count >= 1
+    # Back home: it waits (or runs) as an SP job again, and its streak starts over.
+    wait_for(lambda: Job.objects.get(pk=starved.pk).tier.code == "SP", 10)
+    assert Job.objects.get(pk=starved.pk).state in ("queued", "running")
+    for j in hp:
+        assert Job.objects.get(pk=j.pk).state in ("queued", "running")  # HP work went on meanwhile
+
+
+def test_a_bp_job_behind_endless_sp_work_gets_its_slice_once_a_short_interval_is_set(alice, start_workers, beat):
+    start_workers(1)
+    sp = [submit(alice, "SP", f"sp-{i}", steps=4000, step_ms=10, state_kb=1) for i in range(2)]
+    bp = submit(alice, "BP", "batch", steps=1_000_000, step_ms=10, state_kb=1)
+    beat()  # the batch chance every 2 h, as seeded
+    wait_for(lambda: Job.objects.filter(pk__in=[j.pk for j in sp], slice_count__gte=3).count() == 2, 30)
+    time.sleep(3)  # beat has been consulted a few times: no chance yet
+    assert Job.objects.get(pk=bp.pk).slice_count == 0
+    assert not any(r.startswith("batch chance") for r in reasons(bp))
+
+    set_interval("batch chance BP", 2)  # no restart: beat notices the edit
+
+    wait_for(lambda: any(r.startswith("returned to BP after one slice in SP") for r in reasons(bp)), 30,
+             what="the BP job's batch chance")  # fmt: skip
+    history = reasons(bp)
+    chance = next(i for i, r in enumerate(history) if r.startswith("batch chance: one slice through SP"))
+    assert any(r.startswith("claimed on GPU") for r in history[chance:])
+    assert Job.objects.get(pk=bp.pk).slice_count >= 1
+
+
+def test_an_rt_job_that_cannot_start_within_its_timeout_ends_timed_out(alice, start_workers, beat):
+    """The only GPU is inside one long step (3 s): nothing can preempt it before the step ends."""
+    start_workers(1)
+    blocker = submit(alice, "BK", "long-step", steps=2, step_ms=3000, state_kb=1)
+    wait_for(lambda: Job.objects.get(pk=blocker.pk).state == "running", 20)
+    beat(SLO_check=1)
+    rt = submit(alice, "RT", "inference", steps=1, step_ms=1)
+
+    (done,) = wait_finished(rt, timeout=30)
+    assert done.state == "timed_out"
+    assert done.first_started_at is None and done.slice_count == 0
+    assert "start timeout of 1000 ms" in done.events.last().reason
+    # A fresh RT job on a free GPU starts well within it.
+    wait_finished(blocker, timeout=30)
+    (fine,) = wait_finished(submit(alice, "RT", "in-time", steps=1, step_ms=1), timeout=30)
+    assert fine.state == "succeeded" and fine.first_wait_ms < 1000
+
+
+def test_a_running_job_past_its_deadline_ends_timed_out_with_its_checkpoint_kept(alice, start_workers, settings):
+    start_workers(1)
+    job = submit(alice, "SP", "deadline", steps=1_000_000, step_ms=5, state_kb=4)
+    Job.objects.filter(pk=job.pk).update(deadline=timezone.now() + timedelta(seconds=2))
+
+    (done,) = wait_finished(job, timeout=30)
+    assert done.state == "timed_out"
+    assert done.events.last().reason == "deadline passed while running"
+    assert 0 < done.progress < 1 and done.checkpoint_generation >= 1
+    files = list((settings.CLOCKQ_CHECKPOINT_DIR / str(job.pk)).rglob("*"))
+    assert any(f.is_file() and f.stat().st_size > 4096 for f in files), files
+
+
+def test_tiers_keep_their_targets(db):
+    """The specification's numbers, seeded."""
+    tiers = {t.code: t for t in QueueTier.objects.all()}
+    assert {c: t.wait_target_ms for c, t in tiers.items()} == {
+        "RT": 50, "HP": 60_000, "SP": 600_000, "BP": 4 * 3_600_000, "BK": None,
+    }  # fmt: skip
+    assert tiers["RT"].start_timeout_ms == 1000
+    assert (tiers["SP"].promote_after_rounds, tiers["SP"].promote_to.code) == (3, "HP")
+    assert (tiers["BP"].chance_jobs, tiers["BP"].chance_to.code) == (1, "SP")
+    assert all(tiers[c].promote_to is None for c in ("RT", "HP", "BP", "BK"))
