@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from clockq.bus.dispatch import publish_dispatch
@@ -61,6 +62,10 @@ def transition(
     if to != JobState.QUEUED:
         # Leaving the queue ends a wait; a starved job's streak of skipped rounds restarts.
         fields.setdefault("skipped_rounds", 0)
+    if to not in (JobState.QUEUED, JobState.RUNNING):
+        # A job promoted for one slice that leaves without it (held, cancelled, timed out) is
+        # back in its own tier: a release or requeue must not carry the promotion along.
+        fields.setdefault("tier_id", F("original_tier_id"))
     if to == JobState.QUEUED:
         now = timezone.now()
         fields.setdefault("enqueued_at", now)

@@ -149,3 +149,17 @@ def test_promotion_by_hand(alice, carol):
     Job.objects.filter(pk=held.pk).update(state="held")
     with pytest.raises(PromotionRefused, match="only a waiting job"):
         promote_job(held, actor="carol")
+
+
+def test_a_promoted_job_that_leaves_the_queue_without_its_slice_goes_home(alice, carol):
+    from clockq.jobs.services import cancel_job, hold_job, release_job, requeue_job
+
+    job = promote_job(submit(alice, "SP", "leaves"), actor="carol")
+    held = hold_job(job, actor="carol")
+    assert (held.state, held.tier.code) == ("held", "SP")
+    assert release_job(held, actor="carol").tier.code == "SP"
+
+    job = promote_job(Job.objects.get(pk=job.pk), actor="carol")
+    cancelled = cancel_job(job, actor="carol")
+    assert cancelled.tier.code == "SP"
+    assert requeue_job(cancelled, actor="carol").tier.code == "SP"
