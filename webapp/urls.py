@@ -4,7 +4,7 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
-from webapp import api, gpus_api, health, tokens, views
+from webapp import api, gpus_api, health, kpis_api, tokens, views
 
 
 @csrf_exempt  # it changes nothing; a POST gets the same 404, not the CSRF failure page
@@ -29,6 +29,7 @@ urlpatterns = [
     path("api/jobs/<int:job_id>/promote", api.job_promote, name="api-job-promote"),
     path("api/queues", api.queues, name="api-queues"),
     path("api/gpus", gpus_api.gpus, name="api-gpus"),
+    path("api/kpis", kpis_api.kpis, name="api-kpis"),
     # The OpenAPI schema is public, so that clients can discover the API: it describes the
     # endpoints and bodies and holds no secrets (no data, no tokens). Without authentication
     # classes a stale token sent along does not turn it into a 401. YAML by default; JSON with

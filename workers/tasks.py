@@ -9,7 +9,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 
 from clockq.bus.dispatch import RUN_SLICE_TASK
-from clockq.jobs import promotion, service_levels
+from clockq.jobs import kpis, promotion, service_levels
 from workers import heartbeat, reaper, reconcile, retention, runtime, shutdown
 from workers.probes import make_probe
 from workers.slice_runner import RunOutcome, run_dispatch
@@ -58,6 +58,11 @@ def batch_chance(tier="BP") -> int:
 @shared_task(name="clockq.slo_check", ignore_result=True)
 def slo_check() -> None:
     service_levels.check_service_levels()
+
+
+@shared_task(name="clockq.kpi_rollup", ignore_result=True)
+def kpi_rollup() -> int:
+    return kpis.rollup()
 
 
 @worker_ready.connect

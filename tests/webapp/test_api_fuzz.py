@@ -29,6 +29,7 @@ OPERATIONS = [
     ("POST", "/api/jobs/{job_id}/cancel", True),
     ("GET", "/api/queues", False),
     ("GET", "/api/gpus", False),
+    ("GET", "/api/kpis", True),
 ]
 # Requests tried first, besides the generated ones: edges that random generation rarely hits.
 EDGE_BODIES = {
