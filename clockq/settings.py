@@ -156,6 +156,14 @@ if not re.fullmatch(r"[1-9][0-9]*/(s|sec|m|min|h|hour|d|day)", CLOCKQ_API_BASIC_
     raise ImproperlyConfigured(
         f"CLOCKQ_API_BASIC_AUTH_RATE={CLOCKQ_API_BASIC_AUTH_RATE!r}: use requests per period, e.g. 30/min"
     )
+# /metrics answers `Authorization: Bearer <this token>` (Prometheus) and staff sessions; unset,
+# staff sessions only. Long enough that guessing it is hopeless.
+CLOCKQ_METRICS_TOKEN = env_str("CLOCKQ_METRICS_TOKEN") or None
+if CLOCKQ_METRICS_TOKEN is not None and not re.fullmatch(r"[\x21-\x7e]{24,}", CLOCKQ_METRICS_TOKEN):
+    raise ImproperlyConfigured(
+        "CLOCKQ_METRICS_TOKEN must be at least 24 printable ASCII characters without spaces, "
+        "e.g. from `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+    )
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first, so an unauthenticated call gets 401 with `WWW-Authenticate: Token`.

@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
 from webapp import api, gpus_api, health, kpis_api, tokens, views
+from webapp.metrics import metrics
 
 
 @csrf_exempt  # it changes nothing; a POST gets the same 404, not the CSRF failure page
@@ -41,4 +42,5 @@ urlpatterns = [
     ),
     re_path(r"^api/", api_not_found),  # last of the /api/ routes
     path("healthz", health.healthz, name="healthz"),
+    path("metrics", metrics, name="metrics"),  # Prometheus; a bearer token or staff (webapp/metrics.py)
 ]

@@ -24,7 +24,7 @@ from django.db.models import Count, F
 from django.utils import timezone
 from redis import RedisError
 
-from clockq.bus import queues, signals
+from clockq.bus import counters, queues, signals
 from clockq.bus.client import client
 from clockq.jobs import quotas
 from clockq.jobs.models import Job, JobEvent, Slice
@@ -226,6 +226,8 @@ def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
     )
     if changed is None:
         return None
+    if first_start:
+        counters.count_first_start(tier=home.code, wait_ms=first_start["first_wait_ms"])
     return ClaimedJob(**{name: row[name] for name in ClaimedJob.FIELDS})
 
 
@@ -558,6 +560,13 @@ class JobRun:
             checkpoint_ms=record.checkpoint_ms,
             restore_ms=record.restore_ms,
             gpu_util=record.gpu_util,
+        )
+        switched = outcome == SliceOutcome.YIELDED
+        counters.count_slice(
+            tier=self.home.code,
+            outcome=outcome,
+            used_ms=int(record.used_ms),
+            switch_ms=record.checkpoint_ms + record.restore_ms if switched else None,
         )
 
     # --- failure -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from clockq.bus import counters
 from clockq.jobs.models import Job, PromotionClock, QueueTier, Slice
 from clockq.jobs.services import ActionRefused
 from clockq.jobs.transitions import transition
@@ -161,5 +162,7 @@ def _apply(
             updates={"tier": to, "skipped_rounds": 0, "enqueued_at": enqueued_at},
             queue_name=to.queue_name,
         )
+        if changed is not None:
+            counters.count_promotion(from_tier=p.from_tier, to_tier=p.to_tier, actor=actor)
         done += changed is not None
     return done
