@@ -8,6 +8,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from clockq.bus import counters
 from clockq.jobs.models import Job, Slice
 from clockq.jobs.transitions import transition
 from clockq.policy.slicing import SliceOutcome
@@ -20,10 +21,16 @@ def reap_expired_leases() -> int:
     """One pass. Returns how many jobs were taken back."""
     now = timezone.now()
     expired = Job.objects.filter(state=JobState.RUNNING, lease_expires_at__lt=now).values_list(
-        "id", "dispatch_token", "worker", "slice_started_at", "checkpoint_generation", "lease_expires_at"
+        "id",
+        "dispatch_token",
+        "worker",
+        "slice_started_at",
+        "checkpoint_generation",
+        "lease_expires_at",
+        "original_tier__code",
     )
     reaped = 0
-    for job_id, token, worker, slice_started_at, generation, lease_expired_at in expired:
+    for job_id, token, worker, slice_started_at, generation, lease_expired_at, tier in expired:
         with transaction.atomic():
             # The new token makes anything the lost worker still sends stale: a late slice end,
             # a late completion or its re-delivered message all fail their compare-and-set.
@@ -50,6 +57,7 @@ def reap_expired_leases() -> int:
                 used_ms=0,
                 outcome=SliceOutcome.LOST,
             )
+            counters.count_slice(tier=tier, outcome=SliceOutcome.LOST, used_ms=0)
         reaped += 1
     if reaped:
         log.warning("took back %s job(s) whose worker lease expired", reaped)

@@ -60,6 +60,9 @@ def test_a_late_completion_from_a_lost_worker_cannot_overwrite_the_new_run(alice
     assert reap_expired_leases() == 1
     job.refresh_from_db()
     assert job.state == "queued" and job.dispatch_token != old_token
+    from clockq.bus.counters import read_counters
+
+    assert read_counters().slices[("SP", "lost")] == 1  # for /metrics
 
     # When the old worker finally reports its slice end with the token it had
     from clockq.jobs.transitions import transition
