@@ -145,7 +145,11 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-id"]
-        indexes = [models.Index(fields=["state", "tier"]), models.Index(fields=["owner", "-id"])]
+        indexes = [
+            models.Index(fields=["state", "tier"]),
+            models.Index(fields=["owner", "-id"]),
+            models.Index(fields=["late_at"]),  # the KPI rollup reads late marks by time
+        ]
         permissions = [("run_command", "Can submit jobs that run their own program (the command workload)")]
 
     def __str__(self) -> str:
@@ -206,6 +210,8 @@ class JobEvent(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+        # The KPI rollup reads promotions by time every minute; there is an event per state change.
+        indexes = [models.Index(fields=["at"])]
 
 
 class PromotionClock(models.Model):
