@@ -1,6 +1,7 @@
 """The KPI rollup: adds up jobs, slices and events per minute into KpiMinute (per tier) and
 GpuMinute (per GPU worker), so that /api/kpis, /metrics and the dashboard read a few thousand
-small rows instead of every Slice.
+small rows instead of every Slice. The first run backfills the history that retention keeps,
+an hour of it per transaction and at most BUDGET_S per run.
 
 Each run recomputes, from the source rows, every complete minute since the last one it wrote,
 and the TRAILING_MINUTES before it as well: the reaper writes a lost slice up to ~40 s after the
@@ -24,6 +25,7 @@ only has rows for the GPUs that ran slices, so its idle capacity is unknown.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,8 +46,10 @@ log = logging.getLogger("clockq.kpis")
 
 MINUTE = timedelta(minutes=1)
 TRAILING_MINUTES = 5
-# The first run backfills all history, this much per transaction.
+# The first run backfills the history that retention keeps, this much per transaction, for at
+# most BUDGET_S a run.
 CHUNK = timedelta(hours=1)
+BUDGET_S = 10.0
 # A slice is read by its end; one ending this long after a chunk may still have run inside it.
 LONGEST_SLICE = timedelta(hours=1)
 # Work from these outcomes is kept; failed, lost and fault slices are rolled back.
@@ -61,25 +65,35 @@ class GpuTotals:
     slices: int = 0
 
 
-def rollup(now: datetime | None = None) -> int:
+def rollup(now: datetime | None = None, budget_s: float = BUDGET_S) -> int:
     """Roll up every complete minute not yet rolled up, and recompute the trailing ones; sample
-    the queues; apply retention. Returns how many KpiMinute and GpuMinute rows were written."""
+    the queues; apply retention. Returns how many KpiMinute and GpuMinute rows were written.
+
+    A backfill stops after `budget_s` and goes on at the next run (the control worker runs one
+    task at a time, and the reaper and the SLO check must not wait behind a day of history).
+    Only a finished run samples the queues: that sample's row is what marks the rollup done up
+    to the last complete minute; until then the newest row written marks how far it came."""
     now = now or timezone.now()
     end = floor_minute(now)
     last = KpiMinute.objects.aggregate(last=Max("minute"))["last"]
     if last is None:
         first = Job.objects.aggregate(first=Min("submitted_at"))["first"]
-        start = floor_minute(first) if first else end - MINUTE
+        kept_from = floor_minute(now - timedelta(days=settings.CLOCKQ_KPI_RETENTION_DAYS))
+        start = max(floor_minute(first), kept_from) if first else end - MINUTE
         new_from = end - MINUTE  # nothing tells which GPUs were alive before this run
     else:
         new_from = max(last + MINUTE, end - TRAILING_MINUTES * MINUTE)
         start = min(last + MINUTE, end) - TRAILING_MINUTES * MINUTE
     live = _live_gpu_workers()
     written = 0
+    deadline = time.monotonic() + budget_s
     while start < end:
         stop = min(start + CHUNK, end)
         written += _roll(start, stop, live, _minutes(max(start, new_from), stop) if live else [])
         start = stop
+        if start < end and time.monotonic() > deadline:
+            log.info("KPI rollup: rolled up to %s; the next run goes on from there", start)
+            return written
     _sample_queue_depth(end - MINUTE)
     _apply_retention(now)
     return written

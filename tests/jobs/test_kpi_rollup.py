@@ -35,7 +35,7 @@ import pytest
 
 from clockq.bus import heartbeat
 from clockq.bus.client import client
-from clockq.jobs import kpis
+from clockq.jobs import kpi_rollup, kpis
 from clockq.jobs.models import GpuMinute, Job, JobEvent, KpiMinute, QueueTier, Slice
 from tests.helpers import token_auth
 
@@ -405,3 +405,50 @@ def test_rows_older_than_the_retention_are_deleted(fixture, settings):
 
     assert not KpiMinute.objects.filter(minute__lt=t("10:15:00")).exists()
     assert not GpuMinute.objects.filter(minute__lt=t("10:15:00")).exists()
+
+
+def test_a_backfill_that_runs_out_of_time_goes_on_at_the_next_run_and_ends_the_same(alice):
+    # Given three hours of history: a job and a slice in each hour
+    for hour in (7, 8, 9):
+        job = make_job(
+            alice,
+            "SP",
+            f"{hour}:10:00",
+            state="succeeded",
+            started=f"{hour}:20:00",
+            wait_s=600,
+            finished=f"{hour}:40:00",
+        )
+        make_slice(job, 0, f"{hour}:20:00 - {hour}:40:00", 1200, 0.5, "completed")
+
+    # When each run may do one chunk (an hour) only
+    runs = 0
+    while kpis.summary(SINCE, UNTIL)["rolled_up_until"] != t("10:10:00"):
+        kpis.rollup(NOW, budget_s=0)
+        runs += 1
+        assert runs < 10
+    in_pieces = rows()
+
+    # Then it took several runs, and gave the rows that one run without a budget gives
+    assert runs > 1
+    KpiMinute.objects.all().delete()
+    kpis.rollup(NOW, budget_s=float("inf"))
+    assert rows() == in_pieces
+    assert kpis.summary(t("07:00:00"), t("10:00:00"))["overall"]["started"] == 3
+
+
+def test_the_first_run_backfills_only_what_retention_keeps(alice, settings, monkeypatch):
+    # Given a job submitted 30 days ago and a retention of 1 day
+    settings.CLOCKQ_KPI_RETENTION_DAYS = 1
+    old = make_job(alice, "SP", "10:00:00", state="succeeded", started="10:01:00", wait_s=60, finished="10:02:00")
+    Job.objects.filter(pk=old.pk).update(submitted_at=t("10:00:00") - timedelta(days=30))
+    windows = []
+    roll = kpi_rollup._roll
+    monkeypatch.setattr(kpi_rollup, "_roll", lambda start, end, *rest: windows.append(start) or roll(start, end, *rest))
+
+    kpis.rollup(NOW, budget_s=float("inf"))
+
+    # Then it starts a day back, not 30 (and no row is older than that)
+    assert windows[0] == t("10:10:00") - timedelta(days=1)
+    assert len(windows) == 24  # hours
+    assert KpiMinute.objects.order_by("minute").first().minute == t("10:01:00")
