@@ -27,6 +27,7 @@ OPERATIONS = [
     ("POST", "/api/jobs", True),
     ("GET", "/api/jobs/{job_id}", True),
     ("POST", "/api/jobs/{job_id}/cancel", True),
+    ("POST", "/api/jobs/{job_id}/promote", True),
     ("GET", "/api/queues", False),
     ("GET", "/api/gpus", False),
     ("GET", "/api/kpis", True),
