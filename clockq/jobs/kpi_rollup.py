@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Max, Min, Q
 from django.utils import timezone
 
 from clockq.bus import heartbeat
@@ -279,12 +279,9 @@ def _kpi_row(minute: datetime, tier_id: int, t: Totals, queue_depth: int) -> Kpi
 def _sample_queue_depth(minute: datetime) -> None:
     """Jobs waiting now, per own tier, as the depth at the end of the minute just completed. It
     also gives every tier a row for that minute, which marks how far the rollup has come."""
-    waiting = dict(
-        Job.objects.filter(state=JobState.QUEUED)
-        .values("original_tier_id")
-        .annotate(n=Count("id"))
-        .values_list("original_tier_id", "n")
-    )
+    # Counted here, not with GROUP BY: SQLite then walks the tier index over every job instead of
+    # the state index over the waiting ones (66 ms against 1 ms with 100,000 jobs).
+    waiting = Counter(Job.objects.filter(state=JobState.QUEUED).values_list("original_tier_id", flat=True))
     for tier_id in QueueTier.objects.values_list("id", flat=True):
         depth = waiting.get(tier_id, 0)
         if not KpiMinute.objects.filter(minute=minute, tier_id=tier_id).update(queue_depth=depth):
