@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from datetime import timedelta
@@ -138,6 +139,15 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True  # serve app static files without a collectstatic step
+# The dashboard's charting library: the plotly wheel's own bundle, served from the installed
+# package (static/plotly/plotly.min.js), so the page needs no internet and the repository holds
+# no copy of it. Found without importing plotly.
+_PLOTLY = importlib.util.find_spec("plotly")
+if _PLOTLY is None or not _PLOTLY.submodule_search_locations:
+    raise ImproperlyConfigured(
+        "the plotly package is missing (the dashboard's charts): pip install -r requirements.txt"
+    )
+STATICFILES_DIRS = [("plotly", Path(_PLOTLY.submodule_search_locations[0]) / "package_data")]
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "job-list"

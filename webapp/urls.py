@@ -4,7 +4,7 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
-from webapp import api, gpus_api, health, kpis_api, tokens, views
+from webapp import api, dashboard, gpus_api, health, kpis_api, tokens, views
 from webapp.metrics import metrics
 
 
@@ -21,6 +21,8 @@ urlpatterns = [
     path("jobs/new", views.job_new, name="job-new"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel", views.job_cancel, name="job-cancel"),
+    path("dashboard", dashboard.dashboard, name="dashboard"),
+    path("dashboard/data", dashboard.dashboard_data, name="dashboard-data"),
     path("account/tokens", tokens.token_list, name="token-list"),
     path("account/tokens/new", tokens.token_create, name="token-create"),
     path("account/tokens/<str:token_key>/revoke", tokens.token_revoke, name="token-revoke"),

@@ -1,0 +1,153 @@
+"""The dashboard in a real browser: headless Chromium (the Debian package) driven by Playwright.
+
+Every chart must draw (Plotly's SVG, with traces), the slice timeline must have its bars and
+markers, the page must refresh itself in place, and no request may leave this machine: plotly.js
+comes from clockq's own static files. Skipped, saying why, where /usr/bin/chromium is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from urllib.parse import urlsplit
+
+import pytest
+from django.utils import timezone
+
+from clockq.jobs import kpis
+from clockq.jobs.models import Job
+from clockq.policy import promotion as rules
+from clockq.policy.kpis import floor_minute
+from tests.helpers import submit
+from tests.webapp.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, log_in
+from tests.webapp.test_dashboard import GPU0, GPU1, make_event, make_slice
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the live server needs committed rows
+
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
+CHARTS = ("queue", "waits", "gpus", "rates", "timeline")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} is missing: install the Debian package (apt-get install chromium) or run `make test`")
+    from playwright.sync_api import sync_playwright
+
+    # As in test_browser.py: Playwright's loop runs in this thread, and the ORM calls are plain
+    # synchronous ones.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+
+
+@pytest.fixture
+def watched_page(browser, live_server, transactional_db):
+    """A page whose requests to anywhere but this machine are blocked and written down, and whose
+    script errors are kept."""
+    context = browser.new_context(base_url=live_server.url)
+    context.set_default_timeout(TIMEOUT_MS)
+    outside: list[str] = []
+    errors: list[str] = []
+
+    def only_local(route):
+        if urlsplit(route.request.url).hostname in LOCAL_HOSTS:
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_local)
+    page = context.new_page()
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    yield page, outside, errors
+    context.close()
+
+
+@pytest.fixture
+def some_slices(alice):
+    """Two GPUs busy in the last minute: a switch, an SP job that made way for RT, and an SP job
+    promoted by the tick that ran its one slice in HP."""
+    t0 = timezone.now() - timedelta(seconds=40)
+    hp, sp, rt = (submit(alice, tier=t, name=n) for t, n in (("HP", "finetune"), ("SP", "train"), ("RT", "infer")))
+    starved = submit(alice, tier="SP", name="starved")
+    make_slice(hp, GPU0, t0, 2_000, "continued")
+    make_slice(hp, GPU0, t0 + timedelta(seconds=2), 2_000, "yielded")
+    made_way = make_slice(sp, GPU0, t0 + timedelta(seconds=4), 1_500, "yielded")
+    make_event(sp, made_way.ended_at, "preempted by a waiting RT job")
+    make_slice(rt, GPU0, t0 + timedelta(seconds=5.5), 300, "completed")
+    promotion = rules.decide_round(
+        rules.RoundFacts(started_at=t0, slices_started=3, jobs_that_started={hp.pk}),
+        [rules.WaitingJob(starved.pk, "SP", "SP", 2, t0 - timedelta(minutes=1))],
+        {"SP": rules.TierRule("SP", 3, "HP")},
+    ).promotions[0]
+    make_event(starved, t0 + timedelta(seconds=8), promotion.reason, actor="promotion tick")
+    promoted = make_slice(starved, GPU1, t0 + timedelta(seconds=9), 3_000, "yielded")
+    make_event(starved, promoted.ended_at, "returned to SP after one slice in HP")
+    submit(alice, tier="BP", name="waiting")
+    Job.objects.filter(pk__in=[hp.pk, rt.pk]).update(state="succeeded")
+    # Older history for the per-minute charts: an SP job served within its target and one that
+    # timed out, rolled up as the periodic task would.
+    minute = floor_minute(t0) - timedelta(minutes=3)
+    for name, state, wait_ms in (("on-time", "succeeded", 20_000), ("too-late", "timed_out", 900_000)):
+        job = submit(alice, tier="SP", name=name)
+        start = minute + timedelta(seconds=5)
+        Job.objects.filter(pk=job.pk).update(
+            state=state,
+            submitted_at=start - timedelta(milliseconds=wait_ms),
+            first_started_at=start,
+            first_wait_ms=wait_ms,
+            finished_at=start + timedelta(seconds=30),
+        )
+        make_slice(job, GPU1, start, 30_000, "completed")
+    kpis.rollup(timezone.now())
+
+
+def test_every_chart_draws_from_local_files_and_refreshes_in_place(watched_page, carol, some_slices):
+    page, outside, errors = watched_page
+    log_in(page, "/accounts/login/?next=/dashboard", "carol", "carol-pass-123")
+    page.wait_for_url(re.compile(r"/dashboard$"))
+    page.wait_for_function("Number(document.body.dataset.refreshes) >= 1")
+
+    for chart in CHARTS:
+        plot = page.locator(f"#chart-{chart}.js-plotly-plot")
+        assert plot.count() == 1, f"{chart} was not drawn"
+        assert plot.locator("svg.main-svg").count() >= 1
+    # Traces, not only axes.
+    assert page.locator("#chart-queue .scatterlayer .trace").count() == 5  # a line per tier
+    assert page.locator("#chart-queue .scatterlayer .trace path.js-line").count() >= 1
+    waits = page.locator("#chart-waits .scatterlayer .trace")
+    assert waits.count() == 2  # SP's waits, and the targets' markers
+    assert page.locator("#chart-waits .legendtext", has_text="SP (2 started)").count() == 1
+    assert page.locator("#chart-gpus .scatterlayer .trace path.js-line").count() >= 1  # busy per GPU
+    assert page.locator("#chart-rates .barlayer .point path").count() >= 2  # on time and timed out
+    assert "waiting for the first KPI rollup" not in page.locator(".charts").inner_text()
+
+    timeline = page.locator("#chart-timeline")
+    assert timeline.locator(".barlayer .point path").count() == 4  # one bar per stay on a GPU
+    assert timeline.locator(".scatterlayer .trace").count() == 4  # switch, preempted, promoted, promotion
+    for name in ("switch", "made way for RT", "promoted slice", "promotion", "HP", "SP", "RT"):
+        assert timeline.locator(".legend .legendtext", has_text=re.compile(rf"^{re.escape(name)}$")).count() == 1
+    assert timeline.locator(".scatterlayer .point").count() >= 4
+    labels = timeline.locator(".yaxislayer-above .ytick text")
+    top_down = sorted((labels.nth(i).bounding_box()["y"], labels.nth(i).text_content()) for i in range(labels.count()))
+    assert [text for _y, text in top_down] == ["promotions", f"GPU 0 · {GPU0}", f"GPU 1 · {GPU1}"]
+    tiles = page.locator("#dash-tiles").inner_text()
+    assert "SP waiting / running" in tiles
+
+    # It refreshes by itself, redrawing the same plot in place: no reload.
+    page.evaluate("window.notReloaded = true")
+    page.wait_for_function("Number(document.body.dataset.refreshes) >= 2", timeout=15_000)
+    assert page.evaluate("window.notReloaded") is True
+    page.get_by_label("Timeline over").select_option("300")
+    page.wait_for_function("Number(document.body.dataset.refreshes) >= 3")
+    assert page.evaluate("window.notReloaded") is True
+    assert "not updated" not in page.locator("#dash-status").inner_text()
+
+    assert outside == [], f"the page reached for the internet: {outside}"
+    assert errors == []
