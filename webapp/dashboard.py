@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, F
+from django.db.models import Count, F, Q
 from django.http import JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -308,24 +308,19 @@ def slice_timeline(*, since: datetime, until: datetime, cap: int = SLICE_CAP) ->
 
 
 def _events(job_ids: set[int], since: datetime) -> list[dict[str, Any]]:
-    """The promotions, returns and preemptions of these jobs since then (by job: JobEvent.at
-    has no index, its job does)."""
+    """The promotions, returns and preemptions of these jobs since then, oldest first."""
     if not job_ids:
         return []
-    events = (
-        JobEvent.objects.filter(job_id__in=job_ids, at__gte=since)
+    wanted = Q()
+    for prefix in (*PROMOTION_PREFIXES, RETURN_PREFIX, PREEMPTED_PREFIX):
+        wanted |= Q(reason__startswith=prefix)
+    events = list(
+        JobEvent.objects.filter(wanted, job_id__in=job_ids, at__gte=since)
         .order_by("-at", "-id")
-        .values("job_id", "at", "reason", "actor", "job__name", "job__original_tier__code")
+        .values("job_id", "at", "reason", "actor", "job__name", "job__original_tier__code")[:EVENT_CAP]
     )
-    wanted = (*PROMOTION_PREFIXES, RETURN_PREFIX, PREEMPTED_PREFIX)
-    picked = []
-    for e in events.iterator():
-        if e["reason"].startswith(wanted):
-            picked.append(e)
-            if len(picked) >= EVENT_CAP:
-                break
-    picked.reverse()
-    return picked
+    events.reverse()
+    return events
 
 
 def _slices_marked_by(rows, events) -> tuple[dict[int, str], set[int]]:
