@@ -157,6 +157,7 @@ class Command(BaseCommand):
             f"\nclockq is starting\n"
             f"  web      {web}/jobs/   (submit: {web}/jobs/new)\n"
             f"  admin    {web}/admin/\n"
+            f"  dashboard {web}/dashboard   (staff; Prometheus: {web}/metrics)\n"
             f"  API      {web}/api/jobs\n"
             f"  health   {web}/healthz\n"
             f"  Flower   http://{host}:{settings.FLOWER_PORT}/\n"
