@@ -50,17 +50,8 @@ def _start_timeouts(now: datetime) -> int:
         never_started = Job.objects.filter(
             state__in=WAITING, original_tier=tier, first_started_at__isnull=True, submitted_at__lt=cutoff
         )
-        for job_id, state in never_started.values_list("id", "state"):
-            changed = transition(
-                job_id,
-                to=JobState.TIMED_OUT,
-                expect={JobState(state)},
-                rotate_token=True,
-                reason=f"not started within {tier.code}'s start timeout of {tier.start_timeout_ms} ms",
-                actor="SLO check",
-                updates={"finished_at": now},
-            )
-            done += changed is not None
+        reason = f"not started within {tier.code}'s start timeout of {tier.start_timeout_ms} ms"
+        done += _time_out(never_started, reason, now)
     return done
 
 
@@ -95,14 +86,21 @@ def time_out_overdue_jobs(now: datetime | None = None) -> int:
     waiting on for a start that no longer helps anyone. Their checkpoints are kept."""
     now = now or timezone.now()
     overdue = Job.objects.filter(state__in=WAITING, deadline__lt=now)
+    return _time_out(overdue, "deadline passed while {state}", now)
+
+
+def _time_out(jobs, reason: str, now: datetime) -> int:
+    """Each of `jobs` still in the state read ends `timed_out`, with `reason` ({state}: the state
+    it was in). One that moved meanwhile (a worker claimed it) is left alone by the
+    compare-and-set."""
     timed_out = 0
-    for job_id, state in overdue.values_list("id", "state"):
+    for job_id, state in jobs.values_list("id", "state"):
         changed = transition(
             job_id,
             to=JobState.TIMED_OUT,
             expect={JobState(state)},
             rotate_token=True,
-            reason=f"deadline passed while {state}",
+            reason=reason.format(state=state),
             actor="SLO check",
             updates={"finished_at": now},
         )

@@ -7,45 +7,15 @@ where /usr/bin/chromium is missing (`make test` installs it when it can).
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 
 from clockq.jobs.models import Job
+from tests.browser import TIMEOUT_MS, log_in
 from tests.helpers import submit
 
-CHROMIUM = "/usr/bin/chromium"
-# Without the background-networking flags Chromium phones home, and this closed network refuses it.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-TIMEOUT_MS = 10_000  # fail fast: every page here is local
-
 pytestmark = pytest.mark.django_db(transaction=True)  # the live server needs committed rows
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} is missing: install the Debian package (apt-get install chromium) or run `make test`")
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an asyncio loop running in this thread, so Django would refuse
-    # every ORM call the test makes ("cannot call this from an async context"). The ORM calls
-    # here are plain synchronous ones; allow them, for this module only.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            yield browser
-            browser.close()
 
 
 @pytest.fixture
@@ -55,14 +25,6 @@ def page(browser, live_server, transactional_db):
     page = context.new_page()
     yield page
     context.close()
-
-
-def log_in(page, path: str, username: str, password: str) -> None:
-    page.goto(path)
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(password)
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_load_state()
 
 
 def state_on_page(page):

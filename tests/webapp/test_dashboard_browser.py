@@ -7,7 +7,6 @@ comes from clockq's own static files. Skipped, saying why, where /usr/bin/chromi
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import timedelta
 from urllib.parse import urlsplit
@@ -19,30 +18,14 @@ from clockq.jobs import kpis
 from clockq.jobs.models import Job
 from clockq.policy import promotion as rules
 from clockq.policy.kpis import floor_minute
+from tests.browser import TIMEOUT_MS, log_in
 from tests.helpers import submit
-from tests.webapp.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, log_in
 from tests.webapp.test_dashboard import GPU0, GPU1, make_event, make_slice
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the live server needs committed rows
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
 CHARTS = ("queue", "waits", "gpus", "rates", "timeline")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} is missing: install the Debian package (apt-get install chromium) or run `make test`")
-    from playwright.sync_api import sync_playwright
-
-    # As in test_browser.py: Playwright's loop runs in this thread, and the ORM calls are plain
-    # synchronous ones.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            yield browser
-            browser.close()
 
 
 @pytest.fixture
