@@ -1,7 +1,8 @@
 """The KPI rollup: adds up jobs, slices and events per minute into KpiMinute (per tier) and
-GpuMinute (per GPU worker), so that /api/kpis, /metrics and the dashboard read a few thousand
-small rows instead of every Slice. The first run backfills the history that retention keeps,
-an hour of it per transaction and at most BUDGET_S per run.
+GpuMinute (per GPU worker), and each hour's sum of those into KpiHour and GpuHour, so that
+/api/kpis and the dashboard read a few thousand small rows instead of every Slice. The first
+run backfills the history that retention keeps, an hour of it per transaction and at most
+BUDGET_S per run.
 
 Each run recomputes, from the source rows, every complete minute since the last one it wrote,
 and the TRAILING_MINUTES before it as well: the reaper writes a lost slice up to ~40 s after the
@@ -32,12 +33,14 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Min, Q
+from django.db.models import BigIntegerField, Count, Max, Min, Q, Sum
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from clockq.bus import heartbeat
-from clockq.jobs.models import GpuMinute, Job, JobEvent, KpiMinute, QueueTier, Slice
-from clockq.policy.kpis import Totals, floor_minute, minute_shares, wait_bucket
+from clockq.jobs.models import GpuHour, GpuMinute, Job, JobEvent, KpiHour, KpiMinute, QueueTier, Slice
+from clockq.policy.kpis import WAIT_BUCKETS_MS, Totals, floor_minute, minute_shares, wait_bucket
 from clockq.policy.service_levels import finished_on_time
 from clockq.policy.slicing import SliceOutcome
 from clockq.policy.states import TERMINAL_STATES, JobState
@@ -45,6 +48,7 @@ from clockq.policy.states import TERMINAL_STATES, JobState
 log = logging.getLogger("clockq.kpis")
 
 MINUTE = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
 TRAILING_MINUTES = 5
 # The first run backfills the history that retention keeps, this much per transaction, for at
 # most BUDGET_S a run.
@@ -116,7 +120,9 @@ def _roll(start: datetime, end: datetime, live: dict[str, int], capacity: list[d
             per_gpu.setdefault((minute, worker), GpuTotals(gpu_index))
     try:
         with transaction.atomic():
-            return _replace_minutes(start, end, per_tier, per_gpu)
+            written = _replace_minutes(start, end, per_tier, per_gpu)
+            _replace_hours(start, end)
+            return written
     except IntegrityError:
         # Another rollup replaced these minutes at the same moment, from the same rows.
         log.info("KPI rollup: minutes %s..%s were written by another run", start, end)
@@ -229,7 +235,7 @@ def _replace_minutes(start: datetime, end: datetime, per_tier, per_gpu) -> int:
     GpuMinute.objects.filter(**in_window).delete()
     KpiMinute.objects.bulk_create(
         (
-            _kpi_row(minute, tier_id, totals, depth.get((minute, tier_id), 0))
+            _kpi_row(KpiMinute(minute=minute), tier_id, totals, depth.get((minute, tier_id), 0))
             for (minute, tier_id), totals in per_tier.items()
         ),
         batch_size=500,
@@ -251,29 +257,98 @@ def _replace_minutes(start: datetime, end: datetime, per_tier, per_gpu) -> int:
     return len(per_tier) + len(per_gpu)
 
 
-def _kpi_row(minute: datetime, tier_id: int, t: Totals, queue_depth: int) -> KpiMinute:
-    return KpiMinute(
-        minute=minute,
-        tier_id=tier_id,
-        queue_depth=queue_depth,
-        started=t.started,
-        wait_ms_sum=t.wait_ms_sum,
-        wait_counts=t.wait_counts,
-        succeeded=t.succeeded,
-        failed=t.failed,
-        timed_out=t.timed_out,
-        cancelled=t.cancelled,
-        on_time=t.on_time,
-        late=t.late,
-        promotions=t.promotions,
-        slices=t.slices,
-        slice_outcomes=t.slice_outcomes,
-        busy_ms=round(t.busy_ms),
-        useful_ms=round(t.useful_ms),
-        util_ms=t.util_ms,
-        switches=t.switches,
-        switch_ms_sum=t.switch_ms_sum,
-    )
+def _replace_hours(start: datetime, end: datetime) -> None:
+    """Rewrite the KpiHour and GpuHour rows of every hour that [start, end) touches, from that
+    hour's minute rows: the same sums, read by long windows."""
+    hour = floor_hour(start)
+    while hour < end:
+        window = {"minute__gte": hour, "minute__lt": hour + HOUR}
+        tiers = KpiMinute.objects.filter(**window).values("tier_id").annotate(**SUMS, depth=Max("queue_depth"))
+        gpus = (
+            GpuMinute.objects.filter(**window)
+            .values("worker")
+            .annotate(
+                gpu_index=Max("gpu_index"),
+                minutes=Count("id"),
+                busy=Sum("busy_ms"),
+                util=Sum("util_ms"),
+                n=Sum("slices"),
+            )
+        )
+        KpiHour.objects.filter(hour=hour).delete()
+        GpuHour.objects.filter(hour=hour).delete()
+        KpiHour.objects.bulk_create(
+            _kpi_row(KpiHour(hour=hour), row["tier_id"], totals_of(row), row["depth"] or 0) for row in tiers
+        )
+        GpuHour.objects.bulk_create(
+            GpuHour(
+                hour=hour,
+                worker=g["worker"],
+                gpu_index=g["gpu_index"],
+                minutes=g["minutes"],
+                busy_ms=g["busy"] or 0,
+                util_ms=g["util"] or 0.0,
+                slices=g["n"] or 0,
+            )
+            for g in gpus
+        )
+        hour += HOUR
+
+
+def floor_hour(at: datetime) -> datetime:
+    return at.replace(minute=0, second=0, microsecond=0)
+
+
+def _json_sum(field: str, key: str) -> Sum:
+    """SUM of one element of a JSON column (a list index or an object key), in the database: a
+    day is some 7,000 rows, and decoding their JSON in Python took longer than the query."""
+    return Sum(Cast(KeyTextTransform(key, field), BigIntegerField()))
+
+
+_SUMMED = (
+    "started",
+    "wait_ms_sum",
+    "succeeded",
+    "failed",
+    "timed_out",
+    "cancelled",
+    "on_time",
+    "late",
+    "promotions",
+    "slices",
+    "busy_ms",
+    "useful_ms",
+    "util_ms",
+    "switches",
+    "switch_ms_sum",
+)
+# What summary() and the hourly rows add up: every additive column of KpiFacts.
+SUMS = {
+    **{name: Sum(name) for name in _SUMMED},
+    **{f"wait_{i}": _json_sum("wait_counts", str(i)) for i in range(len(WAIT_BUCKETS_MS) + 1)},
+    **{f"outcome_{o.value}": _json_sum("slice_outcomes", o.value) for o in SliceOutcome},
+}
+
+
+def totals_of(sums: dict) -> Totals:
+    """Totals from a row of SUMS (None over no rows; PostgreSQL sums integers as numeric)."""
+    totals = Totals()
+    for name in _SUMMED:
+        kind = float if name in ("util_ms", "switch_ms_sum") else int
+        setattr(totals, name, kind(sums[name] or 0))
+    totals.wait_counts = [int(sums[f"wait_{i}"] or 0) for i in range(len(WAIT_BUCKETS_MS) + 1)]
+    totals.slice_outcomes = {o.value: int(n) for o in SliceOutcome if (n := sums[f"outcome_{o.value}"])}
+    return totals
+
+
+def _kpi_row(row: KpiMinute | KpiHour, tier_id: int, t: Totals, queue_depth: int) -> KpiMinute | KpiHour:
+    """`row` (a new KpiMinute or KpiHour, its period set) filled with `t`."""
+    row.tier_id, row.queue_depth = tier_id, queue_depth
+    for name in _SUMMED:
+        setattr(row, name, getattr(t, name))
+    row.busy_ms, row.useful_ms = round(t.busy_ms), round(t.useful_ms)
+    row.wait_counts, row.slice_outcomes = t.wait_counts, t.slice_outcomes
+    return row
 
 
 def _sample_queue_depth(minute: datetime) -> None:
@@ -290,6 +365,8 @@ def _sample_queue_depth(minute: datetime) -> None:
                     KpiMinute.objects.create(minute=minute, tier_id=tier_id, queue_depth=depth)
             except IntegrityError:  # another run made it meanwhile
                 KpiMinute.objects.filter(minute=minute, tier_id=tier_id).update(queue_depth=depth)
+    with transaction.atomic():
+        _replace_hours(minute, minute + MINUTE)  # the hour's deepest sample may be this one
 
 
 def _live_gpu_workers() -> dict[str, int]:
@@ -306,6 +383,8 @@ def _apply_retention(now: datetime) -> None:
     cutoff = now - timedelta(days=settings.CLOCKQ_KPI_RETENTION_DAYS)
     KpiMinute.objects.filter(minute__lt=cutoff).delete()
     GpuMinute.objects.filter(minute__lt=cutoff).delete()
+    KpiHour.objects.filter(hour__lt=cutoff).delete()
+    GpuHour.objects.filter(hour__lt=cutoff).delete()
 
 
 def _minutes(start: datetime, end: datetime) -> list[datetime]:

@@ -296,6 +296,22 @@ def test_summary_matches_the_kpis_worked_out_by_hand(fixture):
     assert report["gpu_hour_price"] == PRICE
 
 
+@pytest.mark.parametrize(("since", "until"), [("09:00:00", "11:00:00"), ("09:30:00", "11:30:00")])
+def test_whole_hours_are_read_from_the_hourly_rows_with_the_same_result(fixture, since, until):
+    from clockq.jobs.models import GpuHour, KpiHour
+
+    assert KpiHour.objects.filter(hour=t("10:00:00")).count() == 5  # a row per tier
+    assert GpuHour.objects.filter(hour=t("10:00:00")).count() == 3
+    assert [p[0].__name__ for p in kpis.periods(t(since), t(until))] == (
+        ["KpiHour"] if since == "09:00:00" else ["KpiMinute", "KpiHour", "KpiMinute"]
+    )
+    report = kpis.summary(t(since), t(until))
+    for tier in ("RT", "HP", "SP", "BP", "BK"):
+        assert_matches(report["tiers"][tier], EXPECTED[tier], tier)
+    assert_matches(report["overall"], EXPECTED["overall"], "overall")
+    assert report["gpus"]["capacity_gpu_hours"] == pytest.approx(13 / 60)
+
+
 def test_the_api_serves_the_same_kpis(fixture, client, alice):
     response = client.get(
         "/api/kpis", {"since": "2026-12-01T10:00:00Z", "until": "2026-12-01T10:10:00Z"}, **token_auth(alice)
