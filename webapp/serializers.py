@@ -74,8 +74,23 @@ class JobSerializer(serializers.ModelSerializer):
             "placement_note",
             "util_ewma",
             "switch_cost_ms",
+            "result_bytes",
         ]
         read_only_fields = fields
+
+
+class ResultFileSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    bytes = serializers.IntegerField()
+    sha256 = serializers.CharField()
+    url = serializers.URLField(help_text="Where to download it.")
+
+
+class ResultSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    bytes = serializers.IntegerField(help_text="All files together.")
+    stored_at = serializers.DateTimeField()
+    files = ResultFileSerializer(many=True)
 
 
 class PromoteSerializer(serializers.Serializer):

@@ -4,7 +4,7 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
-from webapp import api, dashboard, gpus_api, health, kpis_api, tokens, views
+from webapp import api, dashboard, gpus_api, health, kpis_api, results_api, tokens, views
 from webapp.metrics import metrics
 
 
@@ -21,6 +21,7 @@ urlpatterns = [
     path("jobs/new", views.job_new, name="job-new"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel", views.job_cancel, name="job-cancel"),
+    path("jobs/<int:job_id>/result/<str:name>", views.job_result_file, name="job-result-file"),
     path("dashboard", dashboard.dashboard, name="dashboard"),
     path("dashboard/data", dashboard.dashboard_data, name="dashboard-data"),
     path("account/tokens", tokens.token_list, name="token-list"),
@@ -30,6 +31,8 @@ urlpatterns = [
     path("api/jobs/<int:job_id>", api.job_detail, name="api-job"),
     path("api/jobs/<int:job_id>/cancel", api.job_cancel, name="api-job-cancel"),
     path("api/jobs/<int:job_id>/promote", api.job_promote, name="api-job-promote"),
+    path("api/jobs/<int:job_id>/result", results_api.job_result, name="api-job-result"),
+    path("api/jobs/<int:job_id>/result/<str:name>", results_api.job_result_file, name="api-job-result-file"),
     path("api/queues", api.queues, name="api-queues"),
     path("api/gpus", gpus_api.gpus, name="api-gpus"),
     path("api/kpis", kpis_api.kpis, name="api-kpis"),

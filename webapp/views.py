@@ -5,12 +5,14 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from clockq.jobs import services
 from webapp.access import visible_jobs
 from webapp.forms import JobSubmitForm
+from webapp.results_api import result_file_response
 
 
 @login_required
@@ -53,3 +55,12 @@ def job_cancel(request, job_id: int):
     except services.ActionRefused as exc:
         messages.error(request, str(exc))
     return redirect("job-detail", job_id=job.pk)
+
+
+@login_required
+def job_result_file(request, job_id: int, name: str):
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    response = result_file_response(job, name)
+    if response is None:
+        raise Http404("No such result file.")
+    return response

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clockq.jobs.quotas import KEPT_GENERATIONS
+from clockq.jobs.results import RESULT_DIR
 
 log = logging.getLogger("clockq.checkpoints")
 
@@ -133,11 +134,24 @@ class CheckpointStore:
         return Restored(0, None, tuple(skipped))
 
     def delete_job(self, job_id: int) -> None:
-        """Delete everything kept for a job: its checkpoints and its work folder."""
+        """Delete everything kept for a job but its result: its checkpoints, its work folder and
+        any staging left by a crash. The result (clockq/jobs/results.py) has its own retention."""
         try:
-            shutil.rmtree(self.job_dir(job_id))
+            entries = list(self.job_dir(job_id).iterdir())
         except FileNotFoundError:
-            pass
+            return
+        except OSError as exc:
+            raise StorageError(f"listing the checkpoints of job {job_id}: {exc}") from exc
+        try:
+            for entry in entries:
+                if entry.name == RESULT_DIR:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink(missing_ok=True)
+            if not any(self.job_dir(job_id).iterdir()):
+                self.job_dir(job_id).rmdir()
         except OSError as exc:
             raise StorageError(f"deleting the checkpoints of job {job_id}: {exc}") from exc
 

@@ -17,6 +17,7 @@ from clockq.bus import heartbeat, signals
 from clockq.bus.client import client
 from clockq.bus.gpu_samples import Publisher
 from clockq.jobs.models import QueueTier
+from clockq.jobs.results import ResultStore
 from clockq.policy.slicing import ewma
 from workers import shutdown
 from workers.checkpoints import CheckpointStore
@@ -94,6 +95,7 @@ class Runtime:
     def __init__(self, identity: WorkerIdentity):
         self.identity = identity
         self.store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
+        self.results = ResultStore(settings.CLOCKQ_CHECKPOINT_DIR)
         self.tiers = TierCache()
         self.warm = WarmCache(settings.CLOCKQ_WARM_CACHE_MB * 2**20, settings.CLOCKQ_WARM_CACHE_JOBS)
         # The part of a switch on this worker that is not the jobs' own checkpoint and restore:

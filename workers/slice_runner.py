@@ -29,6 +29,7 @@ from clockq.bus.client import client
 from clockq.jobs import quotas
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.jobs.quotas import QuotaExceeded
+from clockq.jobs.results import Manifest, ResultError, ResultStorageError
 from clockq.jobs.transitions import transition
 from clockq.policy.service_levels import WaitVerdict, judge_wait
 from clockq.policy.slicing import (
@@ -141,8 +142,8 @@ def workload_errors() -> Iterator[None]:
     (database, broker) are never counted against the job."""
     try:
         yield
-    except JobRefused:
-        raise  # not a failure of the job's code: it fails at once, without retries
+    except (JobRefused, ResultError):
+        raise  # not a failure of the job's code, or not one a retry can mend: it fails at once
     except Exception as exc:
         raise SliceFailed(repr(exc)) from exc
 
@@ -297,7 +298,7 @@ class JobRun:
             return self._after_failure(exc.__cause__ or exc, record)
         except StorageError as exc:
             return self._after_storage_fault(exc, record)
-        except (QuotaExceeded, JobRefused) as exc:
+        except (QuotaExceeded, JobRefused, ResultError) as exc:
             return self._fail_at_once(exc, record)
         finally:
             self.runtime.leases.release()
@@ -409,12 +410,20 @@ class JobRun:
         )
         action = decision.action
         if action == BoundaryAction.FINISH:
+            result = self._store_result(workload)  # durably, before the job counts as succeeded
+            now = timezone.now()
             self._end(
                 record,
                 SliceOutcome.COMPLETED,
                 JobState.SUCCEEDED,
                 decision.reason,
-                {"finished_at": timezone.now(), "progress": 1.0},
+                {
+                    "finished_at": now,
+                    "progress": 1.0,
+                    "result_files": result.as_json(),
+                    "result_bytes": result.total_bytes,
+                    "result_stored_at": now if result.files else None,
+                },
             )
             return RunOutcome.SUCCEEDED
         if action == BoundaryAction.CONTINUE:
@@ -434,6 +443,18 @@ class JobRun:
         if target == JobState.QUEUED:
             self.runtime.last_yield = (record.compute_end, record.checkpoint_ms)
         return outcome
+
+    def _store_result(self, workload: Workload) -> Manifest:
+        """The workload writes its result into a staging folder, which the store checks and
+        puts in place. A crash after this and before the job's final write only means the job
+        resumes from its last checkpoint and finishes (and stores its result) again."""
+        try:
+            staged = self.runtime.results.staging(self.job_id)
+            with workload_errors():
+                workload.write_result(staged)
+            return self.runtime.results.store(self.job_id, staged)
+        except ResultStorageError as exc:
+            raise StorageError(str(exc)) from exc
 
     def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
         """Jobs waiting per tier. The broker's queue lengths are the cheap first look; when they

@@ -127,6 +127,10 @@ class Job(models.Model):
     # twice this on disk until retention deletes its checkpoints (then 0).
     checkpoint_bytes = models.PositiveBigIntegerField(default=0)
     checkpoints_deleted_at = models.DateTimeField(null=True, blank=True)
+    # What the job produced (clockq/jobs/results.py): stored before it is marked succeeded.
+    result_files = models.JSONField(default=list, blank=True, help_text="[{name, bytes, sha256}]")
+    result_bytes = models.PositiveBigIntegerField(default=0)
+    result_stored_at = models.DateTimeField(null=True, blank=True)
     dispatch_token = models.CharField(max_length=32, default=new_token)
     dispatched_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="")

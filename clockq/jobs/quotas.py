@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Sum
+from django.db.models import Q, Sum
 
 from clockq.jobs.models import Job, UserQuota
 from clockq.policy.states import JobState
@@ -35,11 +35,13 @@ def limits_of(user) -> Limits:
 
 
 def checkpoint_bytes_of(owner_id: int, *, excluding_job: int | None = None) -> int:
-    """Checkpoint storage a user's jobs hold now, as clockq accounts it."""
-    jobs = Job.objects.filter(owner_id=owner_id, checkpoint_bytes__gt=0)
+    """Storage a user's jobs hold now, as clockq accounts it: the checkpoints (two generations of
+    each job's newest) and the results of finished jobs."""
+    jobs = Job.objects.filter(Q(checkpoint_bytes__gt=0) | Q(result_bytes__gt=0), owner_id=owner_id)
     if excluding_job is not None:
         jobs = jobs.exclude(pk=excluding_job)
-    return KEPT_GENERATIONS * (jobs.aggregate(total=Sum("checkpoint_bytes"))["total"] or 0)
+    totals = jobs.aggregate(checkpoints=Sum("checkpoint_bytes"), results=Sum("result_bytes"))
+    return KEPT_GENERATIONS * (totals["checkpoints"] or 0) + (totals["results"] or 0)
 
 
 def check_submit(user, declared_state_bytes: int = 0) -> None:

@@ -28,6 +28,8 @@ OPERATIONS = [
     ("GET", "/api/jobs/{job_id}", True),
     ("POST", "/api/jobs/{job_id}/cancel", True),
     ("POST", "/api/jobs/{job_id}/promote", True),
+    ("GET", "/api/jobs/{job_id}/result", True),
+    ("GET", "/api/jobs/{job_id}/result/{name}", True),
     ("GET", "/api/queues", False),
     ("GET", "/api/gpus", False),
     ("GET", "/api/kpis", True),

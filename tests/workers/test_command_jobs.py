@@ -29,7 +29,8 @@ def test_a_command_job_checkpoints_on_sigusr1_and_resumes_when_it_shares_a_gpu(s
     # It made way for its rival at slice ends: SIGUSR1, checkpoint, exit 75, resume later.
     assert script.slices.filter(outcome="yielded").count() >= 2
     work = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).work_dir(script.pk)
-    assert (work / "result").read_text() == "count=150"
+    assert (work / "result" / "count.txt").read_text() == "count=150"
+    assert [(f["name"], f["bytes"]) for f in script.result_files] == [("count.txt", 9)]  # kept as its result
     starts = (work / "stdout.log").read_text().splitlines()
     assert starts[0].startswith("start resume=0 count=0")
     assert any(line.startswith("start resume=1") for line in starts[1:])

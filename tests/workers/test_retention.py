@@ -44,3 +44,22 @@ def test_healthz_shows_the_checkpoint_disk(client, alice, settings):
     Job.objects.filter(pk=job.pk).update(checkpoint_bytes=1000)
     info = client.get("/healthz").json()["checkpoints"]
     assert info["total_bytes"] > 0 and 0 <= info["used_fraction"] <= 1 and info["held_by_jobs_bytes"] == 2000
+
+
+def test_retention_keeps_a_finished_jobs_result(alice, settings, tmp_path):
+    from clockq.jobs.results import ResultStore
+
+    settings.CLOCKQ_CHECKPOINT_RETENTION_S = 0
+    store, results = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR), ResultStore(settings.CLOCKQ_CHECKPOINT_DIR)
+    job = submit(alice, name="done")
+    store.write(job.pk, 1, b"state" * 100)
+    store.work_dir(job.pk)
+    staged = results.staging(job.pk)
+    (staged / "model.bin").write_bytes(b"weights")
+    results.store(job.pk, staged)
+    Job.objects.filter(pk=job.pk).update(state="succeeded", finished_at=timezone.now() - timedelta(seconds=1))
+
+    assert delete_old_checkpoints() == 1
+
+    assert sorted(p.name for p in store.job_dir(job.pk).iterdir()) == ["result"]
+    assert results.manifest(job.pk).file("model.bin").bytes == 7

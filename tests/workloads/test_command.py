@@ -68,7 +68,7 @@ def test_checkpoint_close_and_resume_in_a_new_instance(work, script):
     assert step_until(w2, 1.0) == 1.0
     w2.close()
 
-    assert (work / "result").read_text() == "count=40"
+    assert (work / "result" / "count.txt").read_text() == "count=40"
     starts = [line for line in (work / "stdout.log").read_text().splitlines() if line.startswith("start")]
     assert starts == ["start resume=0 count=0 env_resume=", f"start resume=1 count={saved} env_resume=1"]
 
@@ -80,7 +80,7 @@ def test_checkpoint_then_keep_running_restarts_with_resume(work, script):
     assert w.pid is None  # stopped by the checkpoint
     assert step_until(w, 1.0) == 1.0
     w.close()
-    assert (work / "result").read_text() == "count=30"
+    assert (work / "result" / "count.txt").read_text() == "count=30"
     assert f"start resume=1 count={saved} env_resume=1" in (work / "stdout.log").read_text()
 
 
@@ -146,4 +146,4 @@ def test_state_before_any_step_round_trips(work, script):
     assert step_until(w, 1.0) == 1.0
     w.close()
     assert "start resume=1 count=4 env_resume=1" in (work / "stdout.log").read_text()
-    assert (work / "result").read_text() == "count=10"
+    assert (work / "result" / "count.txt").read_text() == "count=10"

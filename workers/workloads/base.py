@@ -47,6 +47,11 @@ class Workload(ABC):
     @abstractmethod
     def load_state_dict(self, state: bytes) -> None: ...
 
+    def write_result(self, directory: Path) -> None:  # noqa: B027 - optional hook
+        """Called once, after the step that returned 1: write what the job produced (its
+        result: a file or a few) into `directory`, an empty folder. Plain file names only; the
+        store checks, hashes and keeps them (clockq/jobs/results.py). Writing nothing is fine."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; called when the worker stops running this job."""
 

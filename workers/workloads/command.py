@@ -20,7 +20,12 @@ Start
     ``CLOCKQ_JOB_ID``
         The job's id.
     ``CLOCKQ_WORK_DIR``
-        The job's work folder, which survives requeues. Put result files here.
+        The job's work folder, which survives requeues.
+    ``CLOCKQ_RESULT_DIR``
+        Where the program puts its result: ``result`` in the work folder (the program creates
+        it). When the job succeeds, the regular files directly in it (names of letters, digits,
+        ``.``, ``_`` and ``-``; at most 100) become the job's downloadable result. A link or a
+        folder there fails the job.
     ``CLOCKQ_RESUME``
         ``1`` when resuming, absent otherwise.
 
@@ -60,7 +65,9 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -68,6 +75,9 @@ from typing import IO
 
 from django.conf import settings
 
+from clockq.jobs.results import MAX_FILES as MAX_RESULT_FILES
+from clockq.jobs.results import SAFE_NAME as SAFE_RESULT_NAME
+from clockq.jobs.results import ResultError
 from workers.sandbox import prepare_work_dir, sandbox_for_commands
 from workers.workloads.base import RunContext, Workload
 
@@ -98,6 +108,7 @@ def program_environment(worker_env: dict[str, str]) -> dict[str, str]:
 CHECKPOINT_NAME = "checkpoint"
 PROGRESS_NAME = "progress"
 STDOUT_NAME = "stdout.log"
+RESULT_DIR_NAME = "result"
 STDERR_NAME = "stderr.log"
 
 
@@ -194,6 +205,35 @@ class CommandWorkload(Workload):
         self.sandbox.hand_over(self.checkpoint_file)  # the program reads it on resume
         self.resume = True
 
+    def write_result(self, directory: Path) -> None:
+        """Copy the files the program left in CLOCKQ_RESULT_DIR. The program owns that folder and
+        may have swapped anything in it for a link, so nothing is opened by path: the folder is
+        opened relative to the work folder, and each file relative to it, never following a
+        link (O_NOFOLLOW). Otherwise a link to a file only the worker may read would hand that
+        file to the job's owner."""
+        work = os.open(self.work_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            try:
+                folder = os.open(RESULT_DIR_NAME, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=work)
+            except FileNotFoundError:
+                return  # no result
+            except OSError as exc:
+                raise ResultError(f"{RESULT_DIR_NAME}/ in the work folder is not a folder: {exc}") from exc
+            try:
+                names = sorted(os.listdir(folder))
+                if len(names) > MAX_RESULT_FILES:
+                    raise ResultError(
+                        f"a result holds at most {MAX_RESULT_FILES} files; {RESULT_DIR_NAME}/ has {len(names)}"
+                    )
+                for name in names:
+                    if not SAFE_RESULT_NAME.match(name):
+                        raise ResultError(f"result file name {name[:60]!r} is not allowed (letters, digits, . _ -)")
+                    _copy_no_follow(folder, name, directory / name)
+            finally:
+                os.close(folder)
+        finally:
+            os.close(work)
+
     def close(self) -> None:
         self._stop()
 
@@ -219,6 +259,7 @@ class CommandWorkload(Workload):
             CLOCKQ_PROGRESS_FILE=str(self.progress_file),
             CLOCKQ_JOB_ID=str(self.ctx.job_id),
             CLOCKQ_WORK_DIR=str(self.work_dir),
+            CLOCKQ_RESULT_DIR=str(self.work_dir / RESULT_DIR_NAME),
         )
         if self.resume:
             env["CLOCKQ_RESUME"] = "1"
@@ -315,3 +356,15 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return str(signum)
+
+
+def _copy_no_follow(folder_fd: int, name: str, to: Path) -> None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
+    except OSError as exc:
+        raise ResultError(f"result entry {name[:60]!r} cannot be read (links are refused): {exc}") from exc
+    with os.fdopen(fd, "rb") as source:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ResultError(f"result entry {name[:60]!r} is not a regular file")
+        with open(to, "xb") as target:
+            shutil.copyfileobj(source, target, 1 << 20)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -123,6 +124,10 @@ class KerasTrainWorkload(Workload):
         for var, new in zip(opt_vars, new_opt, strict=True):
             var.assign(new)
         self.done = done
+
+    def write_result(self, directory: Path) -> None:
+        # The Keras format: keras.models.load_model() gives back the model with its optimizer.
+        self.model.save(directory / "model.keras")
 
     def declared_gpu_util(self) -> float | None:
         return 0.7

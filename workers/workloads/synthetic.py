@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import time
+from pathlib import Path
 
 from workers.workloads.base import RunContext, Workload
 
@@ -44,6 +45,9 @@ class SyntheticWorkload(Workload):
         if len(payload) != length:
             raise ValueError(f"synthetic state truncated: {len(payload)} of {length} bytes")
         self.done, self.payload = done, payload
+
+    def write_result(self, directory: Path) -> None:
+        (directory / "state.bin").write_bytes(self.state_dict())
 
     def declared_gpu_util(self) -> float | None:
         return self.params["gpu_util"]

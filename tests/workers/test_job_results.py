@@ -1,0 +1,56 @@
+"""A finished job keeps what it produced: real workers store the result before the job counts
+as succeeded, and its owner (or staff) downloads it; anyone else gets the job's 404."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+import numpy as np
+import pytest
+
+from tests.helpers import submit, token_auth, wait_finished
+
+pytestmark = pytest.mark.integration
+
+
+def download(client, user, url):
+    response = client.get(url, **token_auth(user))
+    return response, b"".join(response.streaming_content) if response.status_code == 200 else b""
+
+
+def test_a_sliced_job_succeeds_with_its_result_and_only_its_owner_and_staff_get_it(
+    client, alice, bob, carol, start_workers
+):
+    start_workers(1)
+    # Two jobs of one tier take turns, so each result comes from a job resumed several times.
+    jobs = [submit(alice, "SP", f"synthetic-{i}", steps=40, step_ms=5, state_kb=8) for i in range(2)]
+    matmul = submit(alice, "SP", "matmul", workload="matmul", steps=30, size=32)
+    *done, m = wait_finished(*jobs, matmul, timeout=90)
+
+    for job in done:
+        assert job.state == "succeeded" and job.slice_count > 1
+        assert [f["name"] for f in job.result_files] == ["state.bin"]
+        manifest = client.get(f"/api/jobs/{job.pk}/result", **token_auth(alice)).json()
+        assert manifest["bytes"] == job.result_bytes == manifest["files"][0]["bytes"]
+        response, body = download(client, alice, f"/api/jobs/{job.pk}/result/state.bin")
+        assert response.status_code == 200
+        assert response["X-Checksum-SHA256"] == hashlib.sha256(body).hexdigest() == manifest["files"][0]["sha256"]
+        assert int(response["Content-Length"]) == len(body)
+        assert int.from_bytes(body[:8], "little") == 40  # the synthetic state: all 40 steps done
+        assert download(client, carol, f"/api/jobs/{job.pk}/result/state.bin")[0].status_code == 200
+        for path in (f"/api/jobs/{job.pk}/result", f"/api/jobs/{job.pk}/result/state.bin"):
+            assert client.get(path, **token_auth(bob)).status_code == 404
+        client.force_login(alice)
+        assert f"/jobs/{job.pk}/result/state.bin" in client.get(f"/jobs/{job.pk}/").content.decode()
+
+    assert m.state == "succeeded"
+    _response, body = download(client, alice, f"/api/jobs/{m.pk}/result/matrix.npy")
+    matrix = np.load(io.BytesIO(body), allow_pickle=False)
+    assert matrix.shape == (32, 32) and np.isfinite(matrix).all()
+    assert client.get(f"/api/jobs/{m.pk}/result/nope.bin", **token_auth(alice)).status_code == 404
+
+
+def test_a_job_that_has_not_finished_has_no_result(client, alice, db):
+    job = submit(alice, "SP", "waiting")
+    assert client.get(f"/api/jobs/{job.pk}/result", **token_auth(alice)).status_code == 404

@@ -1,0 +1,71 @@
+"""A finished job's result: its manifest, and each file, streamed. The owner and staff only;
+anyone else gets the same 404 as for the job itself."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import FileResponse
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.decorators import api_view
+from rest_framework.response import Response
+
+from clockq.jobs.models import Job
+from clockq.jobs.results import ResultStore
+from webapp.access import visible_jobs
+from webapp.api import COMMON_ERRORS, JOB_ID, NOT_FOUND
+from webapp.serializers import ErrorSerializer, ResultSerializer
+
+NO_RESULT = {"detail": "This job has no result: it has not succeeded, or it wrote none."}
+
+
+def result_file_response(job: Job, name: str):
+    """The file as a streamed download, with its size and SHA-256 from the manifest; None when
+    the manifest does not list it or it is gone from the disk."""
+    entry = next((f for f in job.result_files if f.get("name") == name), None)
+    if entry is None:
+        return None
+    try:
+        handle = ResultStore(settings.CLOCKQ_CHECKPOINT_DIR).open(job.pk, name)
+    except FileNotFoundError:
+        return None
+    response = FileResponse(handle, as_attachment=True, filename=name, content_type="application/octet-stream")
+    response["Content-Length"] = str(entry["bytes"])
+    response["X-Checksum-SHA256"] = entry["sha256"]
+    response["ETag"] = f'"{entry["sha256"]}"'
+    return response
+
+
+@extend_schema(
+    summary="A finished job's result: its files with their sizes and SHA-256",
+    parameters=[JOB_ID],
+    responses={200: ResultSerializer, 404: NOT_FOUND, **COMMON_ERRORS},
+)
+@api_view(["GET"])
+def job_result(request, job_id: int):
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    if not job.result_files:
+        return Response(NO_RESULT, status=404)
+    files = [
+        {**f, "url": request.build_absolute_uri(reverse("api-job-result-file", args=[job.pk, f["name"]]))}
+        for f in job.result_files
+    ]
+    return Response({"job": job.pk, "bytes": job.result_bytes, "stored_at": job.result_stored_at, "files": files})
+
+
+@extend_schema(
+    summary="Download one file of a job's result (streamed)",
+    parameters=[JOB_ID, OpenApiParameter("name", str, OpenApiParameter.PATH, description="A file the manifest lists.")],
+    responses={
+        (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="The file."),
+        404: OpenApiResponse(ErrorSerializer, description="No such job, or file, or not the caller's."),
+        **COMMON_ERRORS,
+    },
+)
+@api_view(["GET"])
+def job_result_file(request, job_id: int, name: str):
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    response = result_file_response(job, name)
+    return response if response is not None else Response({"detail": "No such result file."}, status=404)
