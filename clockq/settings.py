@@ -311,6 +311,9 @@ CLOCKQ_QUOTA_ACTIVE_JOBS = env_int("CLOCKQ_QUOTA_ACTIVE_JOBS", 500, min_value=1)
 CLOCKQ_QUOTA_CHECKPOINT_MB = env_int("CLOCKQ_QUOTA_CHECKPOINT_MB", 20 * 1024, min_value=1)
 # Checkpoints of finished jobs are deleted this long after they finish.
 CLOCKQ_CHECKPOINT_RETENTION_S = env_int("CLOCKQ_CHECKPOINT_RETENTION_S", 86_400, min_value=0)
+# Results (what a succeeded job produced) are deleted this long after the job finished; 0 keeps
+# them until someone deletes the job's folder. They count toward the owner's storage quota.
+CLOCKQ_RESULT_RETENTION_S = env_int("CLOCKQ_RESULT_RETENTION_S", 0, min_value=0)
 # KPIs (/api/kpis): the price of one GPU-hour, busy or idle, for the cost per useful GPU-hour;
 # and how long the per-minute rollup rows are kept.
 CLOCKQ_GPU_HOUR_PRICE = env_float("CLOCKQ_GPU_HOUR_PRICE", 2.5, min_value=0.0, max_value=1_000_000.0)

@@ -6,6 +6,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.forms.models import BaseInlineFormSet
+from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 
 from clockq.jobs import promotion, quotas, services, workloads
@@ -214,6 +215,7 @@ class JobAdmin(admin.ModelAdmin):
         "progress_pct",
         "slice_count",
         "failures",
+        "result_size",
         "submitted_at",
     ]
     list_filter = ["state", "tier", "owner", WorkloadFilter]
@@ -251,11 +253,18 @@ class JobAdmin(admin.ModelAdmin):
         "switch_cost_ms",
         "failures",
         "last_error",
+        "result_bytes",
+        "result_stored_at",
+        "result_files",
     ]
 
     @admin.display(description="late", boolean=True)
     def late(self, job):
         return job.late_at is not None
+
+    @admin.display(description="result", ordering="result_bytes")
+    def result_size(self, job):
+        return filesizeformat(job.result_bytes) if job.result_files else "-"
 
     @admin.display(description="progress")
     def progress_pct(self, job):

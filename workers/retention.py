@@ -1,5 +1,6 @@
 """Delete the checkpoints of jobs that finished more than CLOCKQ_CHECKPOINT_RETENTION_S ago, so
-finished work does not fill the disk. A periodic task (beat) runs it on the control worker."""
+finished work does not fill the disk, and, when CLOCKQ_RESULT_RETENTION_S is set, their results
+after that long. A periodic task (beat) runs it on the control worker."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from clockq.jobs.models import Job, JobEvent
+from clockq.jobs.results import ResultStorageError, ResultStore
 from clockq.policy.states import TERMINAL_STATES
 from workers.checkpoints import CheckpointStore, StorageError
 
@@ -46,4 +48,32 @@ def delete_old_checkpoints(batch: int = 500) -> int:
         deleted += 1
     if deleted:
         log.info("deleted the checkpoints of %s finished job(s)", deleted)
+    return deleted
+
+
+def delete_old_results(batch: int = 500) -> int:
+    """One pass; nothing unless CLOCKQ_RESULT_RETENTION_S is set. Returns how many jobs' results
+    were deleted."""
+    keep_s = settings.CLOCKQ_RESULT_RETENTION_S
+    if not keep_s:
+        return 0
+    cutoff = timezone.now() - timedelta(seconds=keep_s)
+    store = ResultStore(settings.CLOCKQ_CHECKPOINT_DIR)
+    due = Job.objects.filter(state__in=TERMINAL_STATES, finished_at__lt=cutoff, result_bytes__gt=0)
+    deleted = 0
+    for job_id, state in due.values_list("id", "state")[:batch]:
+        try:
+            store.delete(job_id)
+        except ResultStorageError as exc:
+            log.warning("%s; it stays on disk and on the job", exc)
+            continue
+        Job.objects.filter(pk=job_id).update(result_files=[], result_bytes=0)
+        JobEvent.objects.create(
+            job_id=job_id,
+            from_state=state,
+            to_state=state,
+            reason=f"result deleted {keep_s} s after the job finished",
+            actor="retention",
+        )
+        deleted += 1
     return deleted

@@ -39,6 +39,7 @@ def reap_expired_leases() -> int:
 
 @shared_task(name="clockq.delete_old_checkpoints", ignore_result=True)
 def delete_old_checkpoints() -> int:
+    retention.delete_old_results()
     return retention.delete_old_checkpoints()
 
 

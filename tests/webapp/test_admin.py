@@ -200,3 +200,12 @@ def test_the_job_page_shows_placement_and_telemetry(admin_client, alice):
     Job.objects.filter(pk=job.pk).update(placement_note="needs 90000 MiB of GPU memory", util_ewma=0.42)
     page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
     assert "needs 90000 MiB of GPU memory" in page and "0.42" in page
+
+
+def test_the_admin_shows_a_jobs_result(admin_client, alice):
+    job = submit(alice, name="with-result")
+    Job.objects.filter(pk=job.pk).update(
+        state="succeeded", result_bytes=2048, result_files=[{"name": "model.keras", "bytes": 2048, "sha256": "ab" * 32}]
+    )
+    assert "2.0\xa0KB" in admin_client.get("/admin/jobs/job/").content.decode()
+    assert "model.keras" in admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()

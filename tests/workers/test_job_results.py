@@ -54,3 +54,37 @@ def test_a_sliced_job_succeeds_with_its_result_and_only_its_owner_and_staff_get_
 def test_a_job_that_has_not_finished_has_no_result(client, alice, db):
     job = submit(alice, "SP", "waiting")
     assert client.get(f"/api/jobs/{job.pk}/result", **token_auth(alice)).status_code == 404
+
+
+def test_a_worker_lost_between_storing_the_result_and_the_final_write_costs_a_rerun_only(
+    alice, start_workers, settings
+):
+    """The worker stored a result, then died before it marked the job succeeded: the reaper
+    takes the job back, it runs again from its last checkpoint, stores its result again and
+    succeeds once."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from clockq.jobs.models import Job
+    from clockq.jobs.results import ResultStore
+    from workers.reaper import reap_expired_leases
+
+    job = submit(alice, "SP", "crashed", steps=20, step_ms=1, state_kb=1)
+    results = ResultStore(settings.CLOCKQ_CHECKPOINT_DIR)
+    staged = results.staging(job.pk)
+    (staged / "state.bin").write_bytes(b"written by the worker that died")
+    results.store(job.pk, staged)
+    past = timezone.now() - timedelta(seconds=5)
+    Job.objects.filter(pk=job.pk).update(state="running", worker="gpu0@lost", lease_expires_at=past)
+    assert reap_expired_leases() == 1
+    start_workers(1)
+
+    (done,) = wait_finished(job, timeout=60)
+
+    assert done.state == "succeeded"
+    assert done.events.filter(to_state="succeeded").count() == 1
+    with results.open(job.pk, "state.bin") as fh:
+        body = fh.read()
+    assert int.from_bytes(body[:8], "little") == 20  # the rerun's own result replaced the other
+    assert done.result_files[0]["sha256"] == hashlib.sha256(body).hexdigest()

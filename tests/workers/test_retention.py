@@ -63,3 +63,28 @@ def test_retention_keeps_a_finished_jobs_result(alice, settings, tmp_path):
 
     assert sorted(p.name for p in store.job_dir(job.pk).iterdir()) == ["result"]
     assert results.manifest(job.pk).file("model.bin").bytes == 7
+
+
+def test_results_are_kept_unless_their_retention_is_set(alice, settings):
+    from clockq.jobs.results import ResultStore
+    from workers.retention import delete_old_results
+
+    results = ResultStore(settings.CLOCKQ_CHECKPOINT_DIR)
+    old, recent = submit(alice, name="old"), submit(alice, name="recent")
+    for job, age in ((old, timedelta(days=8)), (recent, timedelta(hours=1))):
+        staged = results.staging(job.pk)
+        (staged / "out.bin").write_bytes(b"out")
+        manifest = results.store(job.pk, staged)
+        Job.objects.filter(pk=job.pk).update(
+            state="succeeded", finished_at=timezone.now() - age, result_files=manifest.as_json(), result_bytes=3
+        )
+
+    settings.CLOCKQ_RESULT_RETENTION_S = 0
+    assert delete_old_results() == 0  # off by default
+    settings.CLOCKQ_RESULT_RETENTION_S = 7 * 86_400
+    assert delete_old_results() == 1
+
+    assert results.manifest(old.pk) is None and results.manifest(recent.pk) is not None
+    old.refresh_from_db()
+    assert (old.result_files, old.result_bytes) == ([], 0)
+    assert old.events.last().reason == "result deleted 604800 s after the job finished"

@@ -93,3 +93,28 @@ def test_state_from_other_params_is_rejected(tmp_path):
         other.load_state_dict(state)
     with pytest.raises(ValueError):
         other.load_state_dict(b"not a checkpoint")
+
+
+def test_the_result_is_the_trained_model_that_keras_loads(tmp_path):
+    """Sliced (resumed from a cold checkpoint) or not, the stored model is the same, bitwise."""
+    import keras
+
+    params = {"steps": 10, "batch_size": 16, "hidden": 8, "seed": 3}
+    straight = make(tmp_path / "a", **params)
+    run(straight, 10)
+    first = make(tmp_path / "b", **params)
+    run(first, 4)
+    resumed = make(tmp_path / "c", **params)
+    resumed.load_state_dict(first.state_dict())
+    run(resumed, 6)
+
+    for name, workload in (("straight", straight), ("sliced", resumed)):
+        out = tmp_path / name
+        out.mkdir()
+        workload.write_result(out)
+        assert [p.name for p in out.iterdir()] == ["model.keras"]
+        model = keras.models.load_model(out / "model.keras")
+        for got, want in zip(model.get_weights(), straight.model.get_weights(), strict=True):
+            np.testing.assert_array_equal(got, want)
+        x, _y = generated_batch(3, 0, 4)
+        np.testing.assert_array_equal(model.predict_on_batch(x), straight.model.predict_on_batch(x))
