@@ -9,6 +9,7 @@ from django.forms.models import BaseInlineFormSet
 from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 
+from clockq.jobs import metrics as job_metrics
 from clockq.jobs import promotion, quotas, services, workloads
 from clockq.jobs.models import Job, JobEvent, QueueTier, Slice, UserQuota
 from webapp.forms import JobSubmitForm, storable_deadline
@@ -256,11 +257,17 @@ class JobAdmin(admin.ModelAdmin):
         "result_bytes",
         "result_stored_at",
         "result_files",
+        "last_metrics",
     ]
 
     @admin.display(description="late", boolean=True)
     def late(self, job):
         return job.late_at is not None
+
+    @admin.display(description="last metrics")
+    def last_metrics(self, job):
+        values = job_metrics.latest([job.pk]).get(job.pk, {})
+        return ", ".join(f"{name} {value:.4g}" for name, value in sorted(values.items())) or "-"
 
     @admin.display(description="result", ordering="result_bytes")
     def result_size(self, job):

@@ -1,5 +1,5 @@
-"""A finished job's result: its manifest, and each file, streamed. The owner and staff only;
-anyone else gets the same 404 as for the job itself."""
+"""What a job produced: its result (the manifest, and each file, streamed) and its metric curves.
+The owner and staff only; anyone else gets the same 404 as for the job itself."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
+from clockq.jobs import metrics as job_metrics
 from clockq.jobs.models import Job
 from clockq.jobs.results import ResultStore
 from webapp.access import visible_jobs
 from webapp.api import COMMON_ERRORS, JOB_ID, NOT_FOUND
-from webapp.serializers import ErrorSerializer, ResultSerializer
+from webapp.serializers import ErrorSerializer, MetricsSerializer, ResultSerializer
+
+BOUNDARIES_SHOWN = 2000  # the newest slice ends marked on a curve
 
 NO_RESULT = {"detail": "This job has no result: it has not succeeded, or it wrote none."}
 
@@ -69,3 +72,29 @@ def job_result_file(request, job_id: int, name: str):
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
     response = result_file_response(job, name)
     return response if response is not None else Response({"detail": "No such result file."}, status=404)
+
+
+def metrics_payload(job: Job) -> dict:
+    """Each metric's points, and the slice ends to mark on the curves: at the job's metric step
+    when the slice ended, with its outcome (`yielded`: it made way for another job)."""
+    ends = (
+        job.slices.filter(last_step__isnull=False)
+        .order_by("-ended_at", "-id")
+        .values_list("last_step", "outcome", "ended_at")[:BOUNDARIES_SHOWN]
+    )
+    return {
+        "job": job.pk,
+        "metrics": job_metrics.curves(job.pk),
+        "slice_ends": [{"step": step, "outcome": outcome, "at": at} for step, outcome, at in reversed(ends)],
+    }
+
+
+@extend_schema(
+    summary="A job's metric curves (loss against step, ...), with its slice ends",
+    parameters=[JOB_ID],
+    responses={200: MetricsSerializer, 404: NOT_FOUND, **COMMON_ERRORS},
+)
+@api_view(["GET"])
+def job_metrics_view(request, job_id: int):
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    return Response(metrics_payload(job))

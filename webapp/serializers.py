@@ -93,6 +93,25 @@ class ResultSerializer(serializers.Serializer):
     files = ResultFileSerializer(many=True)
 
 
+class CurveSerializer(serializers.Serializer):
+    points = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField()), help_text="[[step, value], ...]"
+    )
+    latest = serializers.ListField(child=serializers.FloatField(), allow_null=True)
+
+
+class SliceEndSerializer(serializers.Serializer):
+    step = serializers.IntegerField()
+    outcome = serializers.CharField()
+    at = serializers.DateTimeField()
+
+
+class MetricsSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    metrics = serializers.DictField(child=CurveSerializer(), help_text="By metric name.")
+    slice_ends = SliceEndSerializer(many=True)
+
+
 class PromoteSerializer(serializers.Serializer):
     tier = serializers.CharField(
         required=False,

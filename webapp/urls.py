@@ -32,6 +32,7 @@ urlpatterns = [
     path("api/jobs/<int:job_id>/cancel", api.job_cancel, name="api-job-cancel"),
     path("api/jobs/<int:job_id>/promote", api.job_promote, name="api-job-promote"),
     path("api/jobs/<int:job_id>/result", results_api.job_result, name="api-job-result"),
+    path("api/jobs/<int:job_id>/metrics", results_api.job_metrics_view, name="api-job-metrics"),
     path("api/jobs/<int:job_id>/result/<str:name>", results_api.job_result_file, name="api-job-result-file"),
     path("api/queues", api.queues, name="api-queues"),
     path("api/gpus", gpus_api.gpus, name="api-gpus"),

@@ -9,6 +9,7 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from clockq.jobs import metrics as job_metrics
 from clockq.jobs import services
 from webapp.access import visible_jobs
 from webapp.forms import JobSubmitForm
@@ -18,7 +19,18 @@ from webapp.results_api import result_file_response
 @login_required
 def job_list(request):
     page = Paginator(visible_jobs(request.user).order_by("-id"), 50).get_page(request.GET.get("page"))
+    latest = job_metrics.latest([job.pk for job in page])
+    for job in page:
+        job.main_metric = main_metric(latest.get(job.pk, {}))
     return render(request, "webapp/job_list.html", {"page": page})
+
+
+def main_metric(values: dict[str, float]) -> tuple[str, float] | None:
+    """The metric a list shows: the loss if the job reports one, else its first by name."""
+    if not values:
+        return None
+    name = "loss" if "loss" in values else min(values)
+    return name, values[name]
 
 
 @login_required
@@ -41,6 +53,7 @@ def job_detail(request, job_id: int):
             "job": job,
             "slices": job.slices.order_by("-started_at", "-id")[:200],
             "events": job.events.order_by("-at", "-id")[:100],
+            "has_metrics": job.metrics.exists(),
         },
     )
 

@@ -26,11 +26,14 @@ from redis import RedisError
 
 from clockq.bus import counters, queues, signals
 from clockq.bus.client import client
+from clockq.jobs import metrics as job_metrics
 from clockq.jobs import quotas
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import Manifest, ResultError, ResultStorageError
 from clockq.jobs.transitions import transition
+from clockq.policy.metrics import Series
+from clockq.policy.metrics import clean as clean_metrics
 from clockq.policy.service_levels import WaitVerdict, judge_wait
 from clockq.policy.slicing import (
     Boundary,
@@ -269,6 +272,10 @@ class JobRun:
         self.saved_progress = self.progress
         self.saved_checkpoint_bytes = self.checkpoint_bytes
         self.last_checkpoint_at = time.monotonic()
+        # Metric curves, loaded when the workload first reports one; saved with checkpoints.
+        self.curves: dict[str, Series] | None = None
+        self.curves_changed = self.metrics_warned = False
+        self.last_step: int | None = None
         self.claim_ms = claim_ms
         self.restore_ms = 0.0
 
@@ -365,6 +372,8 @@ class JobRun:
                     progress = float(workload.step())
                     if not math.isfinite(progress):
                         raise ValueError(f"step() returned {progress}, not a progress in [0, 1]")
+                    if records := workload.metrics():
+                        self._record_metrics(records)
                     record.steps += 1
                     self.progress = min(max(progress, 0.0), 1.0)
                     if self.progress >= 1.0:
@@ -456,6 +465,25 @@ class JobRun:
         except ResultStorageError as exc:
             raise StorageError(str(exc)) from exc
 
+    def _record_metrics(self, records) -> None:
+        if self.curves is None:
+            self.curves = job_metrics.load(self.job_id)
+        kept, problems = clean_metrics(records, set(self.curves))
+        if problems and not self.metrics_warned:  # once a claim: a program may send junk every step
+            self.metrics_warned = True
+            log.warning("job %s: metric records dropped: %s", self.job_id, "; ".join(problems[:3]))
+        for step, name, value in kept:
+            self.curves.setdefault(name, Series()).add(step, value)
+            self.last_step = step if self.last_step is None else max(self.last_step, step)
+        self.curves_changed = self.curves_changed or bool(kept)
+
+    def _save_metrics(self) -> None:
+        """With a checkpoint (or the finish): the curves never run ahead of the work that was
+        kept, so a slice lost later adds no point past the checkpoint the job resumes from."""
+        if self.curves is not None and self.curves_changed:
+            job_metrics.save(self.job_id, self.curves)
+            self.curves_changed = False
+
     def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
         """Jobs waiting per tier. The broker's queue lengths are the cheap first look; when they
         say someone waits, the database confirms it, because the broker may also hold stale or
@@ -499,6 +527,8 @@ class JobRun:
             if updated != 1:
                 raise LostOwnership("job changed under this worker")
             self._note_return()
+            if checkpointed:
+                self._save_metrics()
             # The next slice starts where this one ends, so a slice lost later never overlaps it.
             self._save_slice(record, SliceOutcome.CONTINUED, ended_at=now)
         if checkpointed:
@@ -563,6 +593,8 @@ class JobRun:
             )
             if changed is None:
                 raise LostOwnership("job changed under this worker")
+            if outcome in (SliceOutcome.YIELDED, SliceOutcome.COMPLETED):
+                self._save_metrics()  # checkpointed or finished; a failed slice's are rolled back
             self._save_slice(record, outcome)
 
     def _save_slice(self, record: SliceRecord, outcome: SliceOutcome, ended_at: datetime | None = None) -> None:
@@ -581,6 +613,7 @@ class JobRun:
             checkpoint_ms=record.checkpoint_ms,
             restore_ms=record.restore_ms,
             gpu_util=record.gpu_util,
+            last_step=self.last_step,
         )
         switched = outcome == SliceOutcome.YIELDED
         counters.count_slice(
@@ -635,6 +668,7 @@ class JobRun:
         """Forget the slice's own work: back to the last checkpoint the database knows. A
         promoted job had its slice, good or not, and goes back to its own tier."""
         self._return_home()
+        self.curves, self.curves_changed = None, False  # its metric points go with its work
         self.generation, self.progress = self.saved_generation, self.saved_progress
         self.checkpoint_bytes = self.saved_checkpoint_bytes
 

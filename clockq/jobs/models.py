@@ -197,11 +197,31 @@ class Slice(models.Model):
     restore_ms = models.FloatField(default=0.0)
     gpu_util = models.FloatField(null=True, blank=True, help_text="Mean GPU utilisation over the slice.")
     plan_reason = models.CharField(max_length=10, blank=True, default="", help_text="formula, floor or overhead")
+    last_step = models.BigIntegerField(null=True, blank=True, help_text="The job's newest metric step at the end.")
 
     class Meta:
         ordering = ["started_at", "id"]
         # The promotion tick reads slices by start, the KPI rollup by end.
         indexes = [models.Index(fields=["started_at"]), models.Index(fields=["ended_at"])]
+
+
+class JobMetric(models.Model):
+    """One named metric curve of a job (clockq/policy/metrics.py: bounded, thinned, the newest
+    value always kept). Written by workers at checkpointed slice boundaries, never per step."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metrics")
+    name = models.CharField(max_length=64)
+    points = models.JSONField(default=list, help_text="[[step, value], ...] on the grid of `stride`")
+    stride = models.PositiveIntegerField(default=1)
+    last = models.JSONField(null=True, blank=True, help_text="[step, value]: the newest point, if off the grid")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="job_metric_name")]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} of job {self.job_id}"
 
 
 class JobEvent(models.Model):

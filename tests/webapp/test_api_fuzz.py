@@ -29,6 +29,7 @@ OPERATIONS = [
     ("POST", "/api/jobs/{job_id}/cancel", True),
     ("POST", "/api/jobs/{job_id}/promote", True),
     ("GET", "/api/jobs/{job_id}/result", True),
+    ("GET", "/api/jobs/{job_id}/metrics", True),
     ("GET", "/api/jobs/{job_id}/result/{name}", True),
     ("GET", "/api/queues", False),
     ("GET", "/api/gpus", False),

@@ -31,6 +31,10 @@ def test_a_command_job_checkpoints_on_sigusr1_and_resumes_when_it_shares_a_gpu(s
     work = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).work_dir(script.pk)
     assert (work / "result" / "count.txt").read_text() == "count=150"
     assert [(f["name"], f["bytes"]) for f in script.result_files] == [("count.txt", 9)]  # kept as its result
+    from clockq.jobs.metrics import curves
+
+    remaining = curves(script.pk)["remaining"]["points"]  # from CLOCKQ_METRICS_FILE, each step once
+    assert [step for step, _ in remaining] == list(range(1, 151)) and remaining[-1] == [150, 0.0]
     starts = (work / "stdout.log").read_text().splitlines()
     assert starts[0].startswith("start resume=0 count=0")
-    assert any(line.startswith("start resume=1") for line in starts[1:])
+    assert any(line.startswith("start resume=1") for line in starts[1:]), starts

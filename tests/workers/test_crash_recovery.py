@@ -50,6 +50,12 @@ def test_kill_9_mid_slice_the_job_finishes_elsewhere_from_its_last_checkpoint(st
     assert 0 < steps_after < 300
     assert_no_overlap(job)
     assert reap_expired_leases() == 0
+    # Its loss curve holds each step once, 1 to 300: the lost slice added no point past the
+    # checkpoint the job resumed from, and the rerun's points are there once.
+    from clockq.jobs.metrics import curves
+
+    steps = [step for step, _value in curves(job.pk)["loss"]["points"]]
+    assert steps == list(range(1, 301))
 
 
 def test_a_late_completion_from_a_lost_worker_cannot_overwrite_the_new_run(alice, transactional_db):

@@ -88,3 +88,27 @@ def test_a_worker_lost_between_storing_the_result_and_the_final_write_costs_a_re
         body = fh.read()
     assert int.from_bytes(body[:8], "little") == 20  # the rerun's own result replaced the other
     assert done.result_files[0]["sha256"] == hashlib.sha256(body).hexdigest()
+
+
+def test_metrics_are_recorded_at_checkpoints_and_served_to_the_owner_only(client, alice, bob, start_workers):
+    start_workers(1)
+    jobs = [submit(alice, "SP", f"curve-{i}", steps=60, step_ms=5, state_kb=1) for i in range(2)]
+    matmul = submit(alice, "SP", "residual", workload="matmul", steps=20, size=16)
+    *done, m = wait_finished(*jobs, matmul, timeout=90)
+
+    for job in done:
+        answer = client.get(f"/api/jobs/{job.pk}/metrics", **token_auth(alice)).json()
+        points = answer["metrics"]["loss"]["points"]
+        assert [step for step, _ in points] == list(range(1, 61))  # every step, once
+        assert points[-1] == [60, 1 / 60] and answer["metrics"]["loss"]["latest"] == [60, 1 / 60]
+        yields = [end for end in answer["slice_ends"] if end["outcome"] == "yielded"]
+        assert yields and all(0 < end["step"] < 60 for end in yields)  # they took turns
+        assert client.get(f"/api/jobs/{job.pk}/metrics", **token_auth(bob)).status_code == 404
+    residual = client.get(f"/api/jobs/{m.pk}/metrics", **token_auth(alice)).json()["metrics"]["residual"]["points"]
+    assert len(residual) == 20
+
+    client.force_login(alice)
+    page = client.get(f"/jobs/{done[0].pk}/").content.decode()
+    assert 'id="metrics-chart"' in page and "plotly.min.js" in page
+    listing = client.get("/jobs/").content.decode()
+    assert "loss 0.0167" in listing

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -46,6 +47,12 @@ class Workload(ABC):
 
     @abstractmethod
     def load_state_dict(self, state: bytes) -> None: ...
+
+    def metrics(self) -> Iterable[tuple[int, str, float]]:
+        """Called after every step: the (step, name, value) records the workload measured since
+        the last call, such as (120, "loss", 0.31). The worker keeps them bounded and writes them
+        at checkpointed slice boundaries. Optional."""
+        return ()
 
     def write_result(self, directory: Path) -> None:  # noqa: B027 - optional hook
         """Called once, after the step that returned 1: write what the job produced (its

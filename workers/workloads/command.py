@@ -21,6 +21,11 @@ Start
         The job's id.
     ``CLOCKQ_WORK_DIR``
         The job's work folder, which survives requeues.
+    ``CLOCKQ_METRICS_FILE``
+        Where the program may report metrics: it appends one JSON object per line, with an
+        integer ``step`` and named numbers, e.g. ``{"step": 120, "loss": 0.31, "accuracy": 0.9}``.
+        Write whole lines. A step written again (after a resume from an older checkpoint)
+        replaces the points from that step on.
     ``CLOCKQ_RESULT_DIR``
         Where the program puts its result: ``result`` in the work folder (the program creates
         it). When the job succeeds, the regular files directly in it (names of letters, digits,
@@ -62,6 +67,7 @@ Exit
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -109,6 +115,8 @@ CHECKPOINT_NAME = "checkpoint"
 PROGRESS_NAME = "progress"
 STDOUT_NAME = "stdout.log"
 RESULT_DIR_NAME = "result"
+METRICS_NAME = "metrics.jsonl"
+METRICS_READ_BYTES = 1 << 20
 STDERR_NAME = "stderr.log"
 
 
@@ -129,6 +137,7 @@ class CommandWorkload(Workload):
         self.finished = False
         self._started_at = 0.0
         self._stderr_offset = 0
+        self._metrics_offset = 0  # read from the start at each claim; re-read steps replace
         self._files: list[IO[bytes]] = []
 
     # -- the contract ---------------------------------------------------------------------
@@ -205,6 +214,31 @@ class CommandWorkload(Workload):
         self.sandbox.hand_over(self.checkpoint_file)  # the program reads it on resume
         self.resume = True
 
+    def metrics(self) -> list[tuple[int, str, float]]:
+        """The complete lines the program appended to CLOCKQ_METRICS_FILE since the last call, at
+        most METRICS_READ_BYTES at a time. The file is the program's, so it is opened without
+        following a link, and a line that is not a JSON object with an integer `step` is skipped."""
+        try:
+            fd = os.open(self.work_dir / METRICS_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return []  # none yet (or a link: nothing is read through it)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []
+            fh.seek(self._metrics_offset)
+            chunk = fh.read(METRICS_READ_BYTES)
+        end = chunk.rfind(b"\n") + 1  # only whole lines; the rest is read next time
+        self._metrics_offset += end
+        records = []
+        for line in chunk[:end].splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(step := entry.pop("step", None), int):
+                records += [(step, str(name), value) for name, value in entry.items()]
+        return records
+
     def write_result(self, directory: Path) -> None:
         """Copy the files the program left in CLOCKQ_RESULT_DIR. The program owns that folder and
         may have swapped anything in it for a link, so nothing is opened by path: the folder is
@@ -260,6 +294,7 @@ class CommandWorkload(Workload):
             CLOCKQ_JOB_ID=str(self.ctx.job_id),
             CLOCKQ_WORK_DIR=str(self.work_dir),
             CLOCKQ_RESULT_DIR=str(self.work_dir / RESULT_DIR_NAME),
+            CLOCKQ_METRICS_FILE=str(self.work_dir / METRICS_NAME),
         )
         if self.resume:
             env["CLOCKQ_RESUME"] = "1"

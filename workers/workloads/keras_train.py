@@ -76,15 +76,22 @@ class KerasTrainWorkload(Workload):
         self.optimizer.build(self.model.trainable_variables)
         self.done = 0
         self.last_loss: float | None = None
+        self.reported = False
 
     def step(self) -> float:
         steps = self.params["steps"]
+        self.reported = False
         if self.done < steps:
             x, y = generated_batch(self.params["seed"], self.done, self.params["batch_size"])
             logs = self.model.train_on_batch(x, y, return_dict=True)
             self.last_loss = float(logs["loss"])
             self.done += 1
+            self.reported = True
         return min(self.done / steps, 1.0)
+
+    def metrics(self) -> list[tuple[int, str, float]]:
+        # The training loss of the batch just trained, at its step (1-based).
+        return [(self.done, "loss", self.last_loss)] if self.reported and self.last_loss is not None else []
 
     def state_dict(self) -> bytes:
         arrays: dict[str, Any] = {

@@ -22,9 +22,15 @@ class MatmulWorkload(Workload):
 
     def step(self) -> float:
         a = self.a @ self.b
-        self.a = a / np.float32(max(float(np.linalg.norm(a)), 1e-12) / np.sqrt(a.size))
+        a = a / np.float32(max(float(np.linalg.norm(a)), 1e-12) / np.sqrt(a.size))
+        # How much the normalised matrix still changes: it falls as the products converge.
+        self.residual = float(np.linalg.norm(a - self.a) / np.sqrt(a.size))
+        self.a = a
         self.done += 1
         return self.done / self.params["steps"]
+
+    def metrics(self) -> list[tuple[int, str, float]]:
+        return [(self.done, "residual", self.residual)]
 
     def state_dict(self) -> bytes:
         buf = io.BytesIO()

@@ -28,6 +28,10 @@ class SyntheticWorkload(Workload):
         self.done += 1
         return self.done / self.params["steps"]
 
+    def metrics(self) -> list[tuple[int, str, float]]:
+        # A made-up loss that falls as the steps go by: deterministic, for tests and demos.
+        return [(self.done, "loss", 1.0 / self.done)] if self.done else []
+
     def _inject_failure(self) -> bool:
         # The count lives outside the checkpoint, so a rollback does not reset it.
         raised = int(self.failures_file.read_text()) if self.failures_file.exists() else 0
