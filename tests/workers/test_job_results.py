@@ -112,3 +112,39 @@ def test_metrics_are_recorded_at_checkpoints_and_served_to_the_owner_only(client
     assert 'id="metrics-chart"' in page and "plotly.min.js" in page
     listing = client.get("/jobs/").content.decode()
     assert "loss 0.0167" in listing
+
+
+@pytest.mark.slow  # about 35 s: every cold resume rebuilds the model (tests/workloads covers it in process)
+def test_a_keras_job_sliced_across_two_gpus_keeps_the_model_an_unsliced_run_trains(alice, start_workers, settings):
+    """Cold resumes only (no warm cache), two GPUs, a rival in the same tier: the stored model
+    loads with keras.models.load_model and its weights equal a straight run's, bitwise."""
+    import keras
+
+    from clockq.jobs import workloads
+    from clockq.jobs.results import ResultStore
+    from clockq.jobs.services import cancel_job
+    from workers.workloads.base import RunContext
+    from workers.workloads.keras_train import KerasTrainWorkload
+
+    params = {"steps": 30, "batch_size": 16, "hidden": 8, "seed": 5}
+    start_workers(2, CLOCKQ_WARM_CACHE_JOBS="0", CLOCKQ_OVERHEAD_BUDGET="0")
+    job = submit(alice, "SP", "keras", workload="keras_train", **params)
+    # Rivals that outlast it (the first claim on each GPU imports TensorFlow, some seconds).
+    rivals = [submit(alice, "SP", f"rival-{i}", steps=100_000, step_ms=5, state_kb=1) for i in range(2)]
+    (done,) = wait_finished(job, timeout=180)
+    for rival in rivals:
+        cancel_job(rival, actor="test")
+    assert done.state == "succeeded"
+    assert (
+        done.slices.filter(outcome="yielded").count() >= 2
+        and len(set(done.slices.values_list("worker", flat=True))) == 2
+    )
+
+    results = ResultStore(settings.CLOCKQ_CHECKPOINT_DIR)
+    model = keras.models.load_model(results.folder(done.pk) / "model.keras")
+    straight = KerasTrainWorkload(workloads.validate("keras_train", params, may_run_commands=False))
+    straight.setup(RunContext(job_id=done.pk, gpu_index=0, work_dir=settings.CLOCKQ_CHECKPOINT_DIR / "straight"))
+    while straight.step() < 1.0:
+        pass
+    for got, want in zip(model.get_weights(), straight.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)

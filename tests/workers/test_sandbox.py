@@ -31,7 +31,8 @@ def attempt(action):
         return "denied"
     except OSError as exc:
         return f"error: {exc.strerror}"
-protocol = ("CLOCKQ_CHECKPOINT_FILE", "CLOCKQ_PROGRESS_FILE", "CLOCKQ_JOB_ID", "CLOCKQ_WORK_DIR", "CLOCKQ_RESUME")
+protocol = ("CLOCKQ_CHECKPOINT_FILE", "CLOCKQ_PROGRESS_FILE", "CLOCKQ_JOB_ID", "CLOCKQ_WORK_DIR", "CLOCKQ_RESUME",
+            "CLOCKQ_RESULT_DIR", "CLOCKQ_METRICS_FILE")
 report = {"uid": os.getuid(), "env": sorted(k for k in os.environ if k in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")
           or k.startswith(("CELERY", "DJANGO_", "FLOWER_")) or (k.startswith("CLOCKQ_") and k not in protocol))}
 for name, path in json.loads(sys.argv[1]).items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
+from django.test import override_settings
 
 from clockq.jobs.models import Job
 from tests.helpers import submit
@@ -23,6 +24,9 @@ def _yield_once(job, runtime) -> Job:
     return Job.objects.get(pk=job.pk)
 
 
+# Without the overhead rule: on a loaded machine a slow first claim would stretch the next slice
+# past the job's remaining 0.4 s of work, and it would finish instead of yielding.
+@override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
 def test_the_same_worker_resumes_warm_and_another_worker_from_the_file(alice):
     job = submit(alice, "SP", "warm", steps=400, step_ms=1, state_kb=64)
     submit(alice, "SP", "rival", steps=1)  # waits, so `job` yields at its first boundary
