@@ -76,16 +76,20 @@ def job_result_file(request, job_id: int, name: str):
 
 def metrics_payload(job: Job) -> dict:
     """Each metric's points, and the slice ends to mark on the curves: at the job's metric step
-    when the slice ended, with its outcome (`yielded`: it made way for another job)."""
+    when the slice ended, with its outcome (`yielded`: it made way for another job) and whether
+    an RT job preempted it."""
     ends = (
         job.slices.filter(last_step__isnull=False)
         .order_by("-ended_at", "-id")
-        .values_list("last_step", "outcome", "ended_at")[:BOUNDARIES_SHOWN]
+        .values_list("last_step", "outcome", "preempted", "ended_at")[:BOUNDARIES_SHOWN]
     )
     return {
         "job": job.pk,
         "metrics": job_metrics.curves(job.pk),
-        "slice_ends": [{"step": step, "outcome": outcome, "at": at} for step, outcome, at in reversed(ends)],
+        "slice_ends": [
+            {"step": step, "outcome": outcome, "preempted": preempted, "at": at}
+            for step, outcome, preempted, at in reversed(ends)
+        ],
     }
 
 

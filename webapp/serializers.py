@@ -103,6 +103,7 @@ class CurveSerializer(serializers.Serializer):
 class SliceEndSerializer(serializers.Serializer):
     step = serializers.IntegerField()
     outcome = serializers.CharField()
+    preempted = serializers.BooleanField(help_text="Cut short to make way for a waiting RT job.")
     at = serializers.DateTimeField()
 
 

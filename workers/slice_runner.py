@@ -120,6 +120,7 @@ class SliceRecord:
     checkpoint_ms: float = 0.0
     gpu_util: float | None = None
     cut_short: bool = False  # ended at a step by an interrupt, before its time was up
+    preempted: bool = False  # and made way for an RT job
     compute_end: float = 0.0  # perf_counter when its last step ended
 
 
@@ -448,6 +449,7 @@ class JobRun:
         extra: dict[str, Any] = {"switch_cost_ms": ewma(self.switch_cost_ms, cost)}
         if target == JobState.TIMED_OUT:
             extra["finished_at"] = timezone.now()
+        record.preempted = record.cut_short and action == BoundaryAction.YIELD
         self._end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
         if target == JobState.QUEUED:
             self.runtime.last_yield = (record.compute_end, record.checkpoint_ms)
@@ -614,6 +616,7 @@ class JobRun:
             restore_ms=record.restore_ms,
             gpu_util=record.gpu_util,
             last_step=self.last_step,
+            preempted=record.preempted,
         )
         switched = outcome == SliceOutcome.YIELDED
         counters.count_slice(

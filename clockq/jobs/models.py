@@ -198,6 +198,7 @@ class Slice(models.Model):
     gpu_util = models.FloatField(null=True, blank=True, help_text="Mean GPU utilisation over the slice.")
     plan_reason = models.CharField(max_length=10, blank=True, default="", help_text="formula, floor or overhead")
     last_step = models.BigIntegerField(null=True, blank=True, help_text="The job's newest metric step at the end.")
+    preempted = models.BooleanField(default=False, help_text="Cut short to make way for a waiting RT job.")
 
     class Meta:
         ordering = ["started_at", "id"]

@@ -37,6 +37,7 @@ def test_rt_starts_within_a_step_on_two_busy_gpus(start_workers, alice, sp_slice
     assert rt.state == "succeeded"
     cut = Slice.objects.get(job__in=busy, outcome="yielded")
     assert cut.planned_ms == SLICE_MS and cut.used_ms < SLICE_MS / 10
+    assert cut.preempted  # marked on the job's metric curves
     made_way = JobEvent.objects.filter(job__in=busy, reason="preempted by a waiting RT job")
     assert made_way.count() == 1
     for job in busy:
