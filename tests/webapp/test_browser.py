@@ -117,3 +117,38 @@ def test_no_admin_for_a_user_who_is_not_staff(page, alice):
     page.goto("/admin/")
     assert re.search(r"/admin/login/\?next=/admin/$", page.url)
     assert "not authorized to access this page" in page.locator("body").inner_text()
+
+
+def test_the_job_page_draws_its_metric_curves_with_slice_ends(page, alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from clockq.jobs import metrics
+    from clockq.jobs.models import Slice
+    from clockq.policy.metrics import Series
+
+    job = submit(alice, name="curves")
+    loss = Series()
+    for step in range(1, 101):
+        loss.add(step, 1.0 / step)
+    metrics.save(job.pk, {"loss": loss})
+    now = timezone.now()
+    for step, preempted in ((40, False), (70, True)):
+        Slice.objects.create(
+            job=job, worker="gpu0@t", gpu_index=0, started_at=now - timedelta(seconds=1), ended_at=now,
+            planned_ms=50, used_ms=50, outcome="yielded", last_step=step, preempted=preempted,
+        )  # fmt: skip
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+    log_in(page, f"/accounts/login/?next=/jobs/{job.pk}/", "alice", "alice-pass-123")
+
+    chart = page.locator("#metrics-chart.js-plotly-plot")
+    chart.locator("g.trace.scatter").first.wait_for()
+    assert chart.locator("g.trace.scatter").count() == 1  # the loss curve
+    assert chart.locator("path.js-line").count() >= 1
+    assert page.evaluate("document.getElementById('metrics-chart').layout.shapes.length") == 2
+    colours = page.evaluate("document.getElementById('metrics-chart').layout.shapes.map(s => s.line.color)")
+    assert colours == ["#999", "#d62728"]  # a yield, then an RT preemption
+    assert errors == []
