@@ -24,9 +24,10 @@ def delete_old_checkpoints(batch: int = 500) -> int:
     store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
     due = Job.objects.filter(
         state__in=TERMINAL_STATES, finished_at__lt=cutoff, checkpoints_deleted_at__isnull=True
-    ).values_list("id", "state")[:batch]
+    ).values_list("id", "state", "result_bytes")[:batch]
+    results = ResultStore(settings.CLOCKQ_CHECKPOINT_DIR)
     deleted = 0
-    for job_id, state in due:
+    for job_id, state, result_bytes in due:
         # Mark first, only while the job is still finished: an operator who requeues it at the
         # same moment keeps its checkpoints; one who requeues it later starts it afresh.
         marked = Job.objects.filter(pk=job_id, state=state, checkpoints_deleted_at__isnull=True).update(
@@ -35,8 +36,12 @@ def delete_old_checkpoints(batch: int = 500) -> int:
         if marked != 1:
             continue
         try:
+            if not result_bytes:
+                # A result the job never got to record (it was cancelled as it finished): no one
+                # can download it, so it goes with the checkpoints.
+                results.delete(job_id)
             store.delete_job(job_id)
-        except StorageError as exc:
+        except (StorageError, ResultStorageError) as exc:
             log.warning("%s; it stays on disk", exc)
         JobEvent.objects.create(
             job_id=job_id,

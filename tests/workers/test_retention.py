@@ -56,13 +56,23 @@ def test_retention_keeps_a_finished_jobs_result(alice, settings, tmp_path):
     store.work_dir(job.pk)
     staged = results.staging(job.pk)
     (staged / "model.bin").write_bytes(b"weights")
-    results.store(job.pk, staged)
-    Job.objects.filter(pk=job.pk).update(state="succeeded", finished_at=timezone.now() - timedelta(seconds=1))
+    manifest = results.store(job.pk, staged)
+    Job.objects.filter(pk=job.pk).update(
+        state="succeeded", finished_at=timezone.now() - timedelta(seconds=1), result_files=manifest.as_json(),
+        result_bytes=manifest.total_bytes,
+    )  # fmt: skip
+    # A job cancelled just as its worker stored a result: the result was never recorded.
+    orphan = submit(alice, name="cancelled")
+    staged = results.staging(orphan.pk)
+    (staged / "model.bin").write_bytes(b"weights")
+    results.store(orphan.pk, staged)
+    Job.objects.filter(pk=orphan.pk).update(state="cancelled", finished_at=timezone.now() - timedelta(seconds=1))
 
-    assert delete_old_checkpoints() == 1
+    assert delete_old_checkpoints() == 2
 
     assert sorted(p.name for p in store.job_dir(job.pk).iterdir()) == ["result"]
     assert results.manifest(job.pk).file("model.bin").bytes == 7
+    assert not store.job_dir(orphan.pk).exists()
 
 
 def test_results_are_kept_unless_their_retention_is_set(alice, settings):
