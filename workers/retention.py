@@ -43,13 +43,7 @@ def delete_old_checkpoints(batch: int = 500) -> int:
             store.delete_job(job_id)
         except (StorageError, ResultStorageError) as exc:
             log.warning("%s; it stays on disk", exc)
-        JobEvent.objects.create(
-            job_id=job_id,
-            from_state=state,
-            to_state=state,
-            reason=f"checkpoints deleted {settings.CLOCKQ_CHECKPOINT_RETENTION_S} s after the job finished",
-            actor="retention",
-        )
+        _note(job_id, state, f"checkpoints deleted {settings.CLOCKQ_CHECKPOINT_RETENTION_S} s after the job finished")
         deleted += 1
     if deleted:
         log.info("deleted the checkpoints of %s finished job(s)", deleted)
@@ -73,12 +67,10 @@ def delete_old_results(batch: int = 500) -> int:
             log.warning("%s; it stays on disk and on the job", exc)
             continue
         Job.objects.filter(pk=job_id).update(result_files=[], result_bytes=0)
-        JobEvent.objects.create(
-            job_id=job_id,
-            from_state=state,
-            to_state=state,
-            reason=f"result deleted {keep_s} s after the job finished",
-            actor="retention",
-        )
+        _note(job_id, state, f"result deleted {keep_s} s after the job finished")
         deleted += 1
     return deleted
+
+
+def _note(job_id: int, state: str, reason: str) -> None:
+    JobEvent.objects.create(job_id=job_id, from_state=state, to_state=state, reason=reason, actor="retention")
