@@ -16,6 +16,7 @@ from clockq.policy.slicing import PendingAction
 from clockq.policy.states import TERMINAL_STATES, JobState
 
 S = JobState
+CANCEL_ATTEMPTS = 5
 
 
 class ActionRefused(Exception):
@@ -69,15 +70,22 @@ def cancel_job(job: Job, actor: str) -> Job:
     """Cancel at once. A running worker notices at its next step and stops."""
     if job.state in TERMINAL_STATES:
         raise ActionRefused(f"job is already {job.state}")
-    done = transition(
-        job.pk,
-        to=S.CANCELLED,
-        expect={S.QUEUED, S.HELD, S.RUNNING},
-        reason="cancelled",
-        actor=actor,
-        rotate_token=True,
-        updates={"finished_at": timezone.now()},
-    )
+    done = None
+    # A worker may move the job between our read and our write (a slice boundary requeues it
+    # with a new token): the compare-and-set then fails although the job is still active. Try
+    # again from what it is now; only a job that has ended meanwhile refuses.
+    for _attempt in range(CANCEL_ATTEMPTS):
+        done = transition(
+            job.pk,
+            to=S.CANCELLED,
+            expect={S.QUEUED, S.HELD, S.RUNNING},
+            reason="cancelled",
+            actor=actor,
+            rotate_token=True,
+            updates={"finished_at": timezone.now()},
+        )
+        if done is not None or Job.objects.filter(pk=job.pk, state__in=TERMINAL_STATES).exists():
+            break
     if done and done.from_state == S.RUNNING:
         _tell_worker(job.pk)
     return _or_refuse(done, job, "cancel")
