@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from clockq.policy.promotion import BATCH_CHANCE_EVERY_S, PROMOTION_TICK_S
+
 
 @dataclass(frozen=True)
 class Periodic:
@@ -23,13 +25,13 @@ PERIODIC_TASKS: tuple[Periodic, ...] = (
     Periodic(
         "clockq: promotion tick",
         "clockq.promotion_tick",
-        10,
+        PROMOTION_TICK_S,
         description="Counts rounds and skips; promotes starved jobs (tiers: promote after rounds, promote to).",
     ),
     Periodic(
         "clockq: batch chance BP",
         "clockq.batch_chance",
-        2 * 3600,
+        BATCH_CHANCE_EVERY_S,
         {"tier": "BP"},
         description="The oldest waiting BP jobs get one slice through a more urgent queue (tiers: chance jobs, "
         "chance to).",

@@ -23,6 +23,15 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Generic, TypeVar
+
+# The clock is injected: the live tick passes datetimes, the trace simulator seconds.
+Instant = TypeVar("Instant", datetime, float)
+
+# How often beat runs the promotion tick, and gives each tier its batch chance (the seeded
+# periodic tasks, clockq/jobs/periodic.py; the trace simulator uses the same defaults).
+PROMOTION_TICK_S = 10
+BATCH_CHANCE_EVERY_S = 2 * 3600
 
 
 @dataclass(frozen=True)
@@ -35,17 +44,17 @@ class TierRule:
 
 
 @dataclass(frozen=True)
-class WaitingJob:
+class WaitingJob(Generic[Instant]):
     id: int
     tier: str  # where it waits now
     home_tier: str  # the tier it was submitted to; differs while it is promoted
     skipped_rounds: int
-    waiting_since: datetime  # when it last entered a queue
+    waiting_since: Instant  # when it last entered a queue
 
 
 @dataclass(frozen=True)
-class RoundFacts:
-    started_at: datetime  # the end of the previous tick
+class RoundFacts(Generic[Instant]):
+    started_at: Instant  # the end of the previous tick
     slices_started: int
     jobs_that_started: Collection[int]
 
@@ -65,7 +74,9 @@ class TickDecisions:
     promotions: list[Promotion]
 
 
-def decide_round(facts: RoundFacts, waiting: Sequence[WaitingJob], rules: Mapping[str, TierRule]) -> TickDecisions:
+def decide_round(
+    facts: RoundFacts[Instant], waiting: Sequence[WaitingJob[Instant]], rules: Mapping[str, TierRule]
+) -> TickDecisions:
     """Count this round's skips and decide which jobs are promoted."""
     if facts.slices_started <= 0:
         return TickDecisions(is_round=False, skips={}, promotions=[])
@@ -94,7 +105,7 @@ def decide_round(facts: RoundFacts, waiting: Sequence[WaitingJob], rules: Mappin
 
 
 def batch_chance(
-    waiting_oldest_first: Sequence[WaitingJob], *, tier: str, jobs: int, to_tier: str | None
+    waiting_oldest_first: Sequence[WaitingJob[Instant]], *, tier: str, jobs: int, to_tier: str | None
 ) -> list[Promotion]:
     """The `jobs` oldest jobs waiting in their own `tier` get one slice through `to_tier`."""
     if jobs <= 0 or not to_tier:

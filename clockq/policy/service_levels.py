@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import TypeVar
+
+# The clock is injected: the live KPI rollup passes datetimes, the trace simulator seconds.
+Instant = TypeVar("Instant", datetime, float)
 
 
 class WaitVerdict(StrEnum):
@@ -25,8 +29,8 @@ def judge_wait(waited_ms: float, *, target_ms: int | None, start_timeout_ms: int
 def finished_on_time(
     *,
     succeeded: bool,
-    finished_at: datetime | None,
-    deadline: datetime | None,
+    finished_at: Instant | None,
+    deadline: Instant | None,
     first_wait_ms: int | None,
     target_ms: int | None,
 ) -> bool:
