@@ -133,6 +133,9 @@ class LasReplay(Replay):
         """It crossed a threshold: one queue down, and maybe preempted by a waiting job."""
         self.account(job)
         del self.running_at[job.level][job.idx]
+        if self.level_of(job) == job.level:
+            # Float rounding left it a hair short of the threshold it was timed to reach.
+            job.attained = job.level_base + self.thresholds[job.level]
         job.level = self.level_of(job)
         self.running_at[job.level][job.idx] = job
         self._schedule_demotion(job)

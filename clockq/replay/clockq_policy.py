@@ -48,12 +48,11 @@ _BATCH_CHANCE = 2
 class ClockqReplay(Replay):
     name = "clockq"
 
-    def __init__(
-        self, trace: Trace, config: Config, *, tick_s: float | None = None, chance_every_s: float | None = None
-    ):
+    def __init__(self, trace: Trace, config: Config):
         super().__init__(trace, config)
         ranks = max(self.tier_by_rank) + 1
         self.queues: list[deque[tuple[SimJob, int]]] = [deque() for _ in range(ranks)]
+        self.stale = [0] * ranks  # entries of jobs that left a queue other than by its head
         self.waiting_by_rank = [0] * ranks  # what the worker reads from the broker
         self.rt_demand = 0  # GPUs wanted by waiting jobs of rank 0
         self.alone: list[dict[int, SimJob]] = [{} for _ in range(ranks)]
@@ -61,8 +60,8 @@ class ClockqReplay(Replay):
         self.victim_pos: dict[int, int] = {}
         self.rng = random.Random(config.seed)
         self._head_rank = 0
-        self.tick_s = float(tick_s or promotion.PROMOTION_TICK_S)
-        self.chance_every_s = float(chance_every_s or promotion.BATCH_CHANCE_EVERY_S)
+        self.tick_s = config.promotion_tick_s
+        self.chance_every_s = config.batch_chance_every_s
         self.rules = {t.code: promotion.TierRule(t.code, t.promote_after_rounds, t.promote_to) for t in self.tiers}
         self.promotable = [t.rank for t in self.tiers if t.promote_after_rounds and t.promote_to]
         self.chance_tiers = [t for t in self.tiers if t.chance_jobs and t.chance_to]
@@ -94,6 +93,7 @@ class ClockqReplay(Replay):
                     self._head_rank = rank
                     return job
                 queue.popleft()
+                self.stale[rank] = max(self.stale[rank] - 1, 0)
         return None
 
     def pop_head(self) -> SimJob:
@@ -103,20 +103,33 @@ class ClockqReplay(Replay):
 
     def left_queue(self, job: SimJob) -> None:
         self._counted(job, -1)
+        self._left_behind(job.rank)
+
+    def _left_behind(self, rank: int) -> None:
+        """A job left this queue from the middle (timed out, promoted): its entry stays until
+        it reaches the head. A starved queue's head never moves, so compact it now and then."""
+        self.stale[rank] += 1
+        queue = self.queues[rank]
+        if self.stale[rank] > 64 and self.stale[rank] * 2 > len(queue):
+            self.queues[rank] = deque((j, seq) for j, seq in queue if j.qseq == seq and j.state == St.WAITING)
+            self.stale[rank] = 0
 
     # --- running ------------------------------------------------------------------------------
 
     def began(self, job: SimJob) -> None:
-        tier = self.tier_by_rank[job.rank]
-        plan = slicing.plan_slice(
-            base_ms=tier.base_slice_ms,
-            min_ms=tier.min_slice_ms,
-            avg_util=job.t.avg_util,
-            switch_cost_ms=job.switch_s * 1000.0,
-            overhead_budget=self.cfg.overhead_budget,
-            max_ms=self.cfg.max_slice_ms,
-        )
-        job.slice_s = plan.ms / 1000.0
+        if job.slice_rank != job.rank:
+            # The live worker plans every slice; with a replayed job's utilisation and switch
+            # cost fixed, the plan only changes with the tier, so it is kept until then.
+            tier = self.tier_by_rank[job.rank]
+            plan = slicing.plan_slice(
+                base_ms=tier.base_slice_ms,
+                min_ms=tier.min_slice_ms,
+                avg_util=job.t.avg_util,
+                switch_cost_ms=job.switch_s * 1000.0,
+                overhead_budget=self.cfg.overhead_budget,
+                max_ms=self.cfg.max_slice_ms,
+            )
+            job.slice_s, job.slice_rank = plan.ms / 1000.0, job.rank
         job.skipped_rounds = 0  # starting a slice restarts its streak, as leaving the queue does live
         self.slices_started += 1
         self.started_since_tick.add(job.idx)
@@ -294,6 +307,7 @@ class ClockqReplay(Replay):
     def _promote(self, job: SimJob, to_tier: str) -> None:
         """It keeps its wait and goes to the back of the more urgent queue."""
         self._counted(job, -1)
+        self._left_behind(job.rank)
         job.rank = self.tier_by_code[to_tier].rank
         job.qseq += 1
         job.skipped_rounds = 0

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from clockq.policy import service_levels
+from clockq.policy import promotion, service_levels
 from clockq.policy.tiers import DEFAULT_TIERS, TierSpec
 from clockq.replay.model import JobResult, RunResult, Trace, TraceJob
 
@@ -53,6 +53,9 @@ class Config:
     seed: int = 0
     overhead_budget: float = 0.05  # CLOCKQ_OVERHEAD_BUDGET
     max_slice_ms: int = 5_000  # CLOCKQ_MAX_SLICE_MS
+    # beat's schedule for the promotion tick and the batch chances (clockq/jobs/periodic.py)
+    promotion_tick_s: float = promotion.PROMOTION_TICK_S
+    batch_chance_every_s: float = promotion.BATCH_CHANCE_EVERY_S
     # LAS (Tiresias): queue thresholds in attained GPU-seconds, and its starvation knob.
     las_thresholds_gpu_s: tuple[float, ...] = (600.0, 3_600.0, 21_600.0)
     las_starve_knob: float = 8.0
@@ -63,8 +66,12 @@ class Config:
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise ValueError("gpus must be at least 1")
-        if not self.quantum_s > 0:
-            raise ValueError("the quantum must be a positive number of seconds")
+        for name in ("quantum_s", "promotion_tick_s", "batch_chance_every_s", "las_check_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+        if self.las_starve_knob < 0:
+            raise ValueError("the LAS starvation knob cannot be negative")
         if list(self.las_thresholds_gpu_s) != sorted(self.las_thresholds_gpu_s) or any(
             t <= 0 for t in self.las_thresholds_gpu_s
         ):
@@ -108,6 +115,7 @@ class SimJob:
         "remaining",
         "run_since",
         "skipped_rounds",
+        "slice_rank",
         "slice_s",
         "state",
         "switch_s",
@@ -123,7 +131,8 @@ class SimJob:
         self.rank = self.home_rank = rank
         self.remaining = t.duration_s
         self.switch_s = switch_s
-        self.slice_s = 0.0  # the live slice length planned for it (clockq)
+        self.slice_s = 0.0  # the live slice length planned for it (clockq) ...
+        self.slice_rank = -1  # ... in the tier of this rank
         self.run_since = 0.0
         self.rate = 1.0  # work per second of holding its GPUs (below 1 while time-sharing)
         self.version = 0  # bumped whenever its scheduled event is no longer valid
