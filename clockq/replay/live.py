@@ -724,8 +724,8 @@ def render(c: dict[str, Any]) -> str:
         f"over {_s(u['sim']['span_s'], 1)} s; live {_pct(u['live']['busy'])} computing, "
         f"{_pct(u['live']['held'])} held, over {_s(u['live']['span_s'], 1)} s",
         f"ended:       sim {c['states']['sim']}, live {c['states']['live']}",
-        f"switches:    sim {c['switches']['sim_preemptions']} preemptions and {c['switches']['sim_promotions']} "
-        f"promotions (turns are folded into a rate); live {c['switches']['live_yields']} yields and "
+        f"switches:    sim {c['switches']['sim_preemptions']} yields (turns and RT preemptions) and "
+        f"{c['switches']['sim_promotions']} promotions; live {c['switches']['live_yields']} yields and "
         f"{c['switches']['live_promotions']} promotions",
         f"submission:  {_s(c['submit_lag_s']['mean'], 3)} s late on average, at most "
         f"{_s(c['submit_lag_s']['max'], 3)} s",
