@@ -4,6 +4,7 @@ side by side (clockq/replay). Needs no database, broker or worker: the simulator
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
@@ -14,14 +15,29 @@ from clockq.replay.model import TraceError
 from clockq.replay.policies import POLICIES, replay
 
 
-def _positive(text: str) -> float:
+def _number(text: str, *, minimum: float = 0.0) -> float:
     try:
         value = float(text)
     except ValueError:
         raise ValueError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
+    if not (math.isfinite(value) and value >= minimum):
+        raise ValueError(f"{text!r} must be a finite number of at least {minimum:g}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _number(text, minimum=-math.inf)
+    if not value > 0:
         raise ValueError(f"{text!r} must be a positive number")
     return value
+
+
+def _option(name: str, parse, text: str):
+    """Parse one option's value; a bad one says which option it was."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ValueError(f"--{name}: {exc}") from None
 
 
 def _seconds(text: str) -> float:
@@ -68,26 +84,26 @@ class Command(BaseCommand):
                 raise ValueError("--gpus must be at least 1")
             if o["plot"] and not o["plot"].lower().endswith((".html", ".png")):
                 raise ValueError("--plot must name an .html or .png file")
-            trace = traces.load(
-                o["trace"],
-                o["fmt"],
-                arrival_scale=_positive(o["time_scale"]),
-                until_s=_seconds(o["until"]) if o["until"] else None,
-                slack=float(o["slack"]),
-                checkpoint_mb=float(o["checkpoint_mb"]),
-            )
-            traces.check_fits(trace, o["gpus"], o["trace"])
             config = Config(
                 gpus=o["gpus"],
-                quantum_s=_seconds(o["quantum"]),
+                quantum_s=_option("quantum", _seconds, o["quantum"]),
                 switch_cost=SwitchCost(
-                    fixed_ms=float(o["switch_cost_ms"]),
-                    per_mb_ms=float(o["switch_cost_ms_per_mb"]),
-                    factor=_positive(o["switch_cost_factor"]),
+                    fixed_ms=_option("switch-cost-ms", _number, o["switch_cost_ms"]),
+                    per_mb_ms=_option("switch-cost-ms-per-mb", _number, o["switch_cost_ms_per_mb"]),
+                    factor=_option("switch-cost-factor", _positive, o["switch_cost_factor"]),
                 ),
                 seed=o["seed"],
                 progress=None if o["quiet"] else self._progress,
             )
+            trace = traces.load(
+                o["trace"],
+                o["fmt"],
+                arrival_scale=_option("time-scale", _positive, o["time_scale"]),
+                until_s=_option("until", _seconds, o["until"]) if o["until"] else None,
+                slack=_option("slack", _number, o["slack"]),
+                checkpoint_mb=_option("checkpoint-mb", _number, o["checkpoint_mb"]),
+            )
+            traces.check_fits(trace, o["gpus"], o["trace"])
         except (TraceError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         runs = [replay(trace, policy, config) for policy in policies]
