@@ -171,6 +171,8 @@ class Replay:
         self.running: dict[int, SimJob] = {}
         self.busy_gpu_s = 0.0
         self.switch_gpu_s = 0.0
+        self.waiting_s = 0.0  # time during which at least one job waited
+        self.held_while_waiting_gpu_s = 0.0
         self.start_order: list[str] = []
         self.events = 0
         self.done = 0
@@ -227,12 +229,12 @@ class Replay:
             if next_arrival < len(arrivals) and (not heap or arrivals[next_arrival].t.submit_s <= heap[0][0]):
                 job = arrivals[next_arrival]
                 next_arrival += 1
-                self.now = job.t.submit_s
+                self._advance(job.t.submit_s)
                 self.events += 1
                 self._arrive(job)
             else:
                 at, _, kind, job_or_none, version = heapq.heappop(heap)
-                self.now = at
+                self._advance(at)
                 self.events += 1
                 self._handle(kind, job_or_none, version)
             if self.cfg.progress and self.events % 4096 == 0 and time.perf_counter() >= next_report:
@@ -242,6 +244,15 @@ class Replay:
         if self.cfg.progress:
             self.cfg.progress(self._progress(started))
         return self._result(wall)
+
+    def _advance(self, to: float) -> None:
+        """Move the clock; while jobs wait, count how many GPUs were held (a scheduler that
+        keeps GPUs free while work waits wastes them)."""
+        if self.waiting_count > 0 and to > self.now:
+            span = to - self.now
+            self.waiting_s += span
+            self.held_while_waiting_gpu_s += span * (self.cfg.gpus - self.free - self.freeing)
+        self.now = to
 
     def _handle(self, kind: int, job: SimJob | None, version: int) -> None:
         if kind == Ev.FREE:
@@ -438,6 +449,8 @@ class Replay:
             jobs=results,
             busy_gpu_s=self.busy_gpu_s,
             switch_gpu_s=self.switch_gpu_s,
+            waiting_s=self.waiting_s,
+            held_while_waiting_gpu_s=self.held_while_waiting_gpu_s,
             start_order=self.start_order,
             events=self.events,
             wall_s=wall,

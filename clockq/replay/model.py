@@ -74,3 +74,5 @@ class RunResult:
     start_order: list[str]  # job keys in the order they first started
     events: int
     wall_s: float = 0.0
+    waiting_s: float = 0.0  # time during which at least one job waited
+    held_while_waiting_gpu_s: float = 0.0  # GPU-seconds held by jobs during that time

@@ -12,6 +12,11 @@ The metrics, for one policy's replay of one trace (times in trace seconds):
   the values are at most it (always one of the values themselves).
 - makespan: the last finish_s of any job - the first submit_s.
 - GPU utilisation: busy_gpu_s / (gpus x makespan).
+- GPUs held while jobs wait: held_while_waiting_gpu_s / (gpus x waiting_s), the share of the
+  GPUs held by jobs (computing or switching) at the times some job was waiting. Unlike the
+  utilisation it does not depend on the load: below 100 % means GPUs sat free while work waited
+  (here: a gang waiting for enough GPUs at the head of the order, or GPUs coming back from a
+  switch).
 - switch overhead: switch_gpu_s / (gpus x makespan).
 - timeout rate: timed-out jobs / all jobs.
 - on-time rate: jobs that finished on time / all jobs, judged by
@@ -148,6 +153,7 @@ def summarize(run: RunResult, tiers: Sequence[TierSpec] = DEFAULT_TIERS) -> dict
         },
         "gpu_utilisation": _ratio(run.busy_gpu_s, capacity),
         "switch_overhead": _ratio(run.switch_gpu_s, capacity),
+        "held_while_waiting": _ratio(run.held_while_waiting_gpu_s, run.gpus * run.waiting_s),
         "timeout_rate": _ratio(timed_out, n),
         "on_time_rate": _ratio(on_time, n),
         "jct_mean_s": mean(jcts),
@@ -223,6 +229,7 @@ def _rows(summaries: Sequence[dict[str, Any]]) -> list[Row]:
     rows += [
         ("GPU utilisation", lambda s: human_pct(s["gpu_utilisation"])),
         ("switch overhead", lambda s: human_pct(s["switch_overhead"])),
+        ("GPUs held while jobs wait", lambda s: human_pct(s.get("held_while_waiting"))),
         ("timeout rate", lambda s: human_pct(s["timeout_rate"])),
         ("on-time rate", lambda s: human_pct(s["on_time_rate"])),
         ("mean JCT", lambda s: human_s(s["jct_mean_s"])),

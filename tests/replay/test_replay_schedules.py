@@ -122,6 +122,9 @@ def test_a_gang_holds_all_its_gpus_and_gives_them_back_together():
     assert jobs["X"].finish_s == pytest.approx(15.0)
     assert jobs["X"].preemptions == 1
     assert result.busy_gpu_s == pytest.approx(2 * 10 + 5)
+    # Someone waited from 1 to 6.05: Y for 0.05 s with both GPUs held, then X for 5 s with one.
+    assert result.waiting_s == pytest.approx(5.05)
+    assert result.held_while_waiting_gpu_s == pytest.approx(0.05 * 2 + 5 * 1)
 
 
 def test_a_job_past_its_deadline_times_out_under_every_policy():
