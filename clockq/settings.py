@@ -22,6 +22,7 @@ from clockq.env import (
     parse_gpus,
     persistent_secret,
 )
+from clockq.policy import control as _control
 from clockq.policy.tiers import QUEUES_IN_ORDER
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -320,6 +321,24 @@ CLOCKQ_GPU_HOUR_PRICE = env_float("CLOCKQ_GPU_HOUR_PRICE", 2.5, min_value=0.0, m
 CLOCKQ_KPI_RETENTION_DAYS = env_int("CLOCKQ_KPI_RETENTION_DAYS", 90, min_value=1, max_value=3650)
 # GPU telemetry sampling interval while a slice runs.
 CLOCKQ_SAMPLE_EVERY_S = env_float("CLOCKQ_SAMPLE_EVERY_S", 0.01, min_value=0.001, max_value=10.0)
+# Load control (clockq/policy/control.py): admission closes when the forecast load index passes
+# CLOSE_ABOVE and reopens only below REOPEN_BELOW (the gap keeps it from flapping); scale-out
+# never asks for more than CLOCKQ_MAX_GPU_WORKERS GPU workers.
+CLOCKQ_ADMISSION_CLOSE_ABOVE = env_float(
+    "CLOCKQ_ADMISSION_CLOSE_ABOVE", _control.CLOSE_ABOVE, min_value=0.01, max_value=_control.MAX_FORECAST
+)
+CLOCKQ_ADMISSION_REOPEN_BELOW = env_float(
+    "CLOCKQ_ADMISSION_REOPEN_BELOW", _control.REOPEN_BELOW, min_value=0.01, max_value=_control.MAX_FORECAST
+)
+CLOCKQ_MAX_GPU_WORKERS = env_int("CLOCKQ_MAX_GPU_WORKERS", _control.MAX_WORKERS, min_value=1, max_value=100_000)
+if _problems := _control.threshold_problems(
+    _control.Thresholds(
+        close_above=CLOCKQ_ADMISSION_CLOSE_ABOVE,
+        reopen_below=CLOCKQ_ADMISSION_REOPEN_BELOW,
+        max_workers=CLOCKQ_MAX_GPU_WORKERS,
+    )
+):
+    raise ImproperlyConfigured("CLOCKQ_ADMISSION_*: " + " ".join(p.message for p in _problems))
 
 # The `command` workload runs a user's program as this unprivileged user (workers running as
 # root make it if missing), with these limits; 0 means no limit. Address space is unlimited by

@@ -146,6 +146,9 @@ class Job(models.Model):
     placement_note = models.CharField(max_length=300, blank=True, default="", help_text="Why it is not running.")
     failures = models.PositiveIntegerField(default=0, help_text="Failed slices since the last success or requeue.")
     last_error = models.TextField(blank=True, default="")
+    # Held because admission was closed when it was submitted (clockq/jobs/control.py), not by an
+    # operator: only these are released when admission reopens.
+    held_for_admission = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-id"]
@@ -153,6 +156,8 @@ class Job(models.Model):
             models.Index(fields=["state", "tier"]),
             models.Index(fields=["owner", "-id"]),
             models.Index(fields=["late_at"]),  # the KPI rollup reads late marks by time
+            # Reopening admission releases these, and only these.
+            models.Index(fields=["held_for_admission", "state"]),
         ]
         permissions = [("run_command", "Can submit jobs that run their own program (the command workload)")]
 
@@ -354,3 +359,49 @@ class GpuHour(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker} at {self.hour:%Y-%m-%d %H}h"
+
+
+class ControlState(models.Model):
+    """One row (pk 1): what the load forecast decided (clockq/policy/control.py), or what an
+    operator forced. Read on every submission, so it stays one small row."""
+
+    SINGLETON = 1
+
+    admission_open = models.BooleanField(default=True)
+    prefetch_on = models.BooleanField(default=False)
+    desired_workers = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: no forecast yet.")
+    reason = models.TextField(blank=True, default="")
+    forecast = models.FloatField(null=True, blank=True, help_text="The latest forecast load index.")
+    forecast_at = models.DateTimeField(null=True, blank=True)
+    # An operator's override: the controller records forecasts but changes nothing while it holds.
+    forced = models.BooleanField(default=False)
+    forced_by = models.CharField(max_length=200, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "control state"
+        verbose_name_plural = "control state"
+
+    def __str__(self) -> str:
+        admission = "open" if self.admission_open else "closed"
+        return f"admission {admission}, prefetch {'on' if self.prefetch_on else 'off'}"
+
+
+class ControlDecision(models.Model):
+    """The audit trail of the control state: one row per changed value, by the controller or an
+    operator."""
+
+    at = models.DateTimeField(auto_now_add=True)
+    what = models.CharField(max_length=30, help_text="admission_open, prefetch_on, desired_workers or forced.")
+    old = models.CharField(max_length=30, blank=True, default="")
+    new = models.CharField(max_length=30, blank=True, default="")
+    reason = models.TextField()
+    forecast = models.FloatField(null=True, blank=True)
+    actor = models.CharField(max_length=200, help_text='"controller", or the operator.')
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["at"])]
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.old} -> {self.new} by {self.actor}"

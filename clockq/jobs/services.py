@@ -9,9 +9,10 @@ from django.utils import timezone
 from clockq.bus import signals
 from clockq.bus.client import client
 from clockq.bus.dispatch import publish_dispatch
-from clockq.jobs import quotas, workloads
+from clockq.jobs import control, quotas, workloads
 from clockq.jobs.models import Job, JobEvent, QueueTier
 from clockq.jobs.transitions import Changed, transition
+from clockq.policy.control import admits
 from clockq.policy.slicing import PendingAction
 from clockq.policy.states import TERMINAL_STATES, JobState
 
@@ -35,9 +36,14 @@ def submit_job(
     actor: str | None = None,
 ) -> Job:
     """Create a queued job from already-validated input and send its wake-up message. Raises
-    QuotaExceeded when the owner is at a limit."""
+    QuotaExceeded when the owner is at a limit.
+
+    While admission is closed (clockq/jobs/control.py) a non-RT job is accepted but stored
+    `held`, marked held_for_admission, with no message: it is queued when admission reopens."""
     tier = QueueTier.objects.get(code=tier_code)
     now = timezone.now()
+    gate = control.admission()
+    admitted = admits(tier.code, gate.admission_open)
     with transaction.atomic():
         # One submit at a time per owner, so two at once cannot both slip under a quota.
         get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
@@ -51,18 +57,27 @@ def submit_job(
             params=params,
             gpu_mem_mib=gpu_mem_mib,
             deadline=deadline,
-            state=S.QUEUED,
-            enqueued_at=now,
-            dispatched_at=now,
+            state=S.QUEUED if admitted else S.HELD,
+            enqueued_at=now if admitted else None,
+            dispatched_at=now if admitted else None,
+            held_for_admission=not admitted,
         )
+        reason = f"submitted to {tier.code}"
+        if not admitted:
+            reason += f"; held: {control.closed_note(gate)}; it is queued when admission reopens"
         JobEvent.objects.create(
             job=job,
             from_state="",
-            to_state=S.QUEUED,
-            reason=f"submitted to {tier.code}",
+            to_state=job.state,
+            reason=reason,
             actor=actor or owner.get_username(),
         )
-        transaction.on_commit(lambda: publish_dispatch(job.pk, job.dispatch_token, tier.queue_name))
+        if admitted:
+            transaction.on_commit(lambda: publish_dispatch(job.pk, job.dispatch_token, tier.queue_name))
+        else:
+            # Admission may have reopened between our read and this commit, its release sweep
+            # running before this job existed: look again once it is committed.
+            transaction.on_commit(control.release_if_open)
     return job
 
 

@@ -59,6 +59,10 @@ def transition(
     fields.setdefault("pending_action", PendingAction.NONE)
     if to != JobState.RUNNING:
         fields.setdefault("lease_expires_at", None)
+    if to != JobState.HELD:
+        # Only a job waiting for admission is held for it: once it leaves (released, cancelled,
+        # timed out), an operator's later hold must not be mistaken for one.
+        fields.setdefault("held_for_admission", False)
     if to != JobState.QUEUED:
         # Leaving the queue ends a wait; a starved job's streak of skipped rounds restarts.
         fields.setdefault("skipped_rounds", 0)
