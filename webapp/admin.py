@@ -9,10 +9,11 @@ from django.forms.models import BaseInlineFormSet
 from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 
+from clockq.jobs import control, promotion, quotas, services, workloads
 from clockq.jobs import metrics as job_metrics
-from clockq.jobs import promotion, quotas, services, workloads
-from clockq.jobs.models import Job, JobEvent, QueueTier, Slice, UserQuota
+from clockq.jobs.models import ControlDecision, ControlState, Job, JobEvent, QueueTier, Slice, UserQuota
 from webapp.forms import JobSubmitForm, storable_deadline
+from webapp.serializers import admission_note
 
 
 @admin.register(QueueTier)
@@ -219,7 +220,7 @@ class JobAdmin(admin.ModelAdmin):
         "result_size",
         "submitted_at",
     ]
-    list_filter = ["state", "tier", "owner", WorkloadFilter]
+    list_filter = ["state", "held_for_admission", "tier", "owner", WorkloadFilter]
     search_fields = ["name", "owner__username", "workload", "last_error"]
     list_select_related = ["owner", "tier"]
     actions = [cancel_jobs, requeue_jobs, hold_jobs, release_jobs, promote_jobs]
@@ -258,6 +259,7 @@ class JobAdmin(admin.ModelAdmin):
         "result_stored_at",
         "result_files",
         "last_metrics",
+        "held_for_admission",
     ]
 
     @admin.display(description="late", boolean=True)
@@ -308,7 +310,120 @@ class JobAdmin(admin.ModelAdmin):
             owner=form.cleaned_data["owner"], actor=request.user.get_username(), **form.submission()
         )
         obj.pk = job.pk
+        if job.held_for_admission:
+            self.message_user(request, f"Job #{job.pk}: {admission_note(control.admission())}", messages.WARNING)
 
     def has_delete_permission(self, request, obj=None):
         # Deleting would lose the history; cancel instead.
+        return False
+
+
+class ControlStateForm(forms.ModelForm):
+    """An operator's override of the control state. Changing a value forces it: the controller
+    then records forecasts but changes nothing until the override is cleared (untick "forced")."""
+
+    note = forms.CharField(
+        required=False, max_length=500, help_text="Why you force it; kept with the audit rows.", strip=True
+    )
+
+    class Meta:
+        model = ControlState
+        fields = ["admission_open", "prefetch_on", "desired_workers", "forced"]
+        help_texts = {
+            "forced": "Ticked: your values hold whatever the forecast says. Untick to hand control back to the "
+            "forecast (the values stay until the next forecast changes them).",
+            "desired_workers": "GPU workers the autoscaler or scale-out hook should run.",
+        }
+
+    def clean_desired_workers(self):
+        value = self.cleaned_data.get("desired_workers")
+        limit = settings.CLOCKQ_MAX_GPU_WORKERS
+        if value is not None and value > limit:
+            raise forms.ValidationError(f"At most {limit} (CLOCKQ_MAX_GPU_WORKERS).")
+        if value is None and self.initial.get("desired_workers") is not None:
+            raise forms.ValidationError("Give a number of workers; it cannot be emptied once set.")
+        return value
+
+    def clean(self):
+        data = super().clean()
+        values = {"admission_open", "prefetch_on", "desired_workers"}
+        changed = values & set(self.changed_data)
+        was_forced = bool(self.initial.get("forced"))
+        if not data.get("forced") and changed:
+            if was_forced:
+                raise forms.ValidationError(
+                    "Either clear the override (untick forced and leave the values) or change values and keep "
+                    "forced ticked: a value changed without the override would be undone by the next forecast."
+                )
+            raise forms.ValidationError(
+                "Tick forced to set the state by hand: without the override the next forecast would undo it."
+            )
+        return data
+
+
+@admin.register(ControlState)
+class ControlStateAdmin(admin.ModelAdmin):
+    """The load controller's state (clockq/jobs/control.py). One row; every change, by the
+    controller or an operator, is a Control decision."""
+
+    form = ControlStateForm
+    list_display = ["__str__", "desired_workers", "forced", "forecast_pct", "forecast_at", "reason", "updated_at"]
+    readonly_fields = ["forecast_pct", "forecast_at", "reason", "forced_by", "updated_at", "held_for_admission_now"]
+    fieldsets = [
+        ("Override", {"fields": ["admission_open", "prefetch_on", "desired_workers", "forced", "note"]}),
+        ("As the controller sees it", {"fields": readonly_fields}),
+    ]
+
+    @admin.display(description="forecast")
+    def forecast_pct(self, state):
+        return "-" if state.forecast is None else f"{state.forecast:.1%}"
+
+    @admin.display(description="jobs held for admission")
+    def held_for_admission_now(self, state):
+        return Job.objects.filter(state="held", held_for_admission=True).count()
+
+    def changelist_view(self, request, extra_context=None):
+        # There is exactly one row: go straight to it (made with its defaults the first time).
+        from django.shortcuts import redirect
+
+        return redirect("admin:jobs_controlstate_change", control.control_state().pk)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        # Through the services, never obj.save(): they lock the row, write the audit rows and
+        # release the held jobs when admission reopens.
+        actor = request.user.get_username()
+        data = form.cleaned_data
+        if data["forced"]:
+            control.force_state(
+                actor=actor,
+                admission_open=data["admission_open"],
+                prefetch_on=data["prefetch_on"],
+                desired_workers=data["desired_workers"],
+                note=data.get("note", ""),
+            )
+        else:
+            control.unforce(actor)
+
+
+@admin.register(ControlDecision)
+class ControlDecisionAdmin(admin.ModelAdmin):
+    """Every change of the control state: read-only."""
+
+    list_display = ["at", "what", "old", "new", "actor", "forecast", "reason"]
+    list_filter = ["what", "actor"]
+    date_hierarchy = "at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False

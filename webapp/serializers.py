@@ -5,7 +5,7 @@ from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
-from clockq.jobs import workload_params, workloads
+from clockq.jobs import control, workload_params, workloads
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.policy.tiers import TIER_CODES
 
@@ -42,6 +42,10 @@ class JobSerializer(serializers.ModelSerializer):
     original_tier = serializers.CharField(source="original_tier.code")
     owner = serializers.CharField(source="owner.username")
     slices = serializers.IntegerField(source="slice_count")
+    admission_note = serializers.SerializerMethodField(
+        help_text="Set while the job is held because admission is closed: why, and that it runs when admission "
+        "reopens. Null otherwise."
+    )
 
     class Meta:
         model = Job
@@ -75,8 +79,28 @@ class JobSerializer(serializers.ModelSerializer):
             "util_ewma",
             "switch_cost_ms",
             "result_bytes",
+            "held_for_admission",
+            "admission_note",
         ]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "string", "nullable": True})
+    def get_admission_note(self, job: Job) -> str | None:
+        if job.state != "held" or not job.held_for_admission:
+            return None
+        # One read of the control state per response, however many jobs it lists.
+        if "control_state" not in self.context:
+            self.context["control_state"] = control.admission()
+        return admission_note(self.context["control_state"])
+
+
+def admission_note(state) -> str:
+    """What a job held for admission tells its owner (API, job page, submit form)."""
+    if state.admission_open:
+        return "Held for admission: admission has reopened and the job is being queued."
+    return (
+        f"Held: {control.closed_note(state)}. The job is kept and is queued when admission reopens; nothing is dropped."
+    )
 
 
 class ResultFileSerializer(serializers.Serializer):

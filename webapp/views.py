@@ -9,11 +9,13 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from clockq.jobs import control, services
 from clockq.jobs import metrics as job_metrics
-from clockq.jobs import services
+from clockq.policy.control import ALWAYS_ADMITTED
 from webapp.access import visible_jobs
 from webapp.forms import JobSubmitForm
 from webapp.results_api import result_file_response
+from webapp.serializers import admission_note
 
 
 @login_required
@@ -38,9 +40,20 @@ def job_new(request):
     form = JobSubmitForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         job = services.submit_job(owner=request.user, **form.submission())
-        messages.success(request, f"Job #{job.pk} submitted to {job.tier.code}.")
+        if job.held_for_admission:
+            note = admission_note(control.admission())
+            messages.warning(request, f"Job #{job.pk} submitted to {job.tier.code}. {note}")
+        else:
+            messages.success(request, f"Job #{job.pk} submitted to {job.tier.code}.")
         return redirect("job-detail", job_id=job.pk)
-    return render(request, "webapp/job_new.html", {"form": form}, status=400 if form.errors else 200)
+    gate = control.admission()
+    closed = None if gate.admission_open else control.closed_note(gate)
+    return render(
+        request,
+        "webapp/job_new.html",
+        {"form": form, "admission_closed": closed, "always_admitted": ", ".join(sorted(ALWAYS_ADMITTED))},
+        status=400 if form.errors else 200,
+    )
 
 
 @login_required
@@ -54,6 +67,9 @@ def job_detail(request, job_id: int):
             "slices": job.slices.order_by("-started_at", "-id")[:200],
             "events": job.events.order_by("-at", "-id")[:100],
             "has_metrics": job.metrics.exists(),
+            "admission_note": admission_note(control.admission())
+            if job.held_for_admission and job.state == "held"
+            else None,
         },
     )
 
