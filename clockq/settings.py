@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "clockq.jobs",
     "webapp",
     "workers",
+    "predictor",  # the load predictor (TensorFlow only inside its training and serving code)
 ]
 
 MIDDLEWARE = [
