@@ -45,6 +45,10 @@ for vc in ("vc3sl", "vc6YE", "vchbv", "vcpDC"):
     SERIES.append((f"helios {vc} allocation", f"helios_earth_{vc}_1min.csv", "60s", GPU_FEATURES, ALLOCATION))
 
 
+def budget(report: dict) -> str:
+    return ", time budget" if report["lstm"]["stopped_by_time_budget"] else ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
@@ -88,7 +92,7 @@ def main() -> int:
             f"{r['champion']['improvement_pct']:+.1f}%", f"{r['lstm']['improvement_pct']:+.1f}%",
             f"{r['persistence']['bucket_accuracy']:.1%} / {r['champion']['bucket_accuracy']:.1%}",
             f"{r['lstm']['latency_ms']['median']:.2f} / {r['lstm']['latency_ms']['p95']:.2f}",
-            f"{r['lstm']['fit_seconds']:.1f} ({r['lstm']['epochs']})",
+            f"{r['lstm']['fit_seconds']:.1f} ({r['lstm']['epochs']}{budget(r)})",
         ])  # fmt: skip
     if args.markdown:
         print("| " + " | ".join(head) + " |")

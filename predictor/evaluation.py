@@ -154,6 +154,7 @@ def evaluate(
             "fit_seconds": round(fit_seconds, 3),
         }
     report["lstm"]["epochs"] = lstm.epochs_run
+    report["lstm"]["stopped_by_time_budget"] = lstm.stopped_by_budget
     report["lstm"]["latency_ms"] = forecast_latency_ms(lstm, split.test.x[-1], float(split.test.now[-1]))
 
     champion = select_champion({name: report[name]["validation"]["mae"] for name in models}, min_gain)

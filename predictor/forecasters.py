@@ -117,9 +117,12 @@ class Lstm:
 
     Training: a fixed seed (keras.utils.set_random_seed seeds Python, numpy and TensorFlow),
     Adam, MAE loss (the metric the champion is chosen on, and robust to the sudden jumps of
-    GPU demand), at most `max_epochs` epochs, early stopping on the validation loss with the
-    best weights restored. Bit-for-bit repeatability across machines is not promised: TensorFlow's
-    CPU kernels may reduce in a different order with a different thread count.
+    GPU demand), at most `max_epochs` epochs and about `max_seconds` of training (a retrain on
+    30 days of 1-minute samples must fit in a minute on a 2-core machine), early stopping on
+    the validation loss; the best epoch's weights are restored either way. Bit-for-bit
+    repeatability across machines is not promised: TensorFlow's CPU kernels may reduce in a
+    different order with a different thread count, and the time budget depends on the machine
+    (`max_seconds=None` removes it, for a repeatable run).
     """
 
     name = "lstm"
@@ -131,12 +134,15 @@ class Lstm:
         patience: int = 3,
         batch_size: int = 256,
         learning_rate: float = 2e-3,
+        max_seconds: float | None = 50.0,
     ):
         self.seed = seed
         self.max_epochs = max_epochs
         self.patience = patience
         self.batch_size = batch_size
         self.learning_rate = learning_rate
+        self.max_seconds = max_seconds
+        self.stopped_by_budget = False
         self.scaler: Scaler | None = None
         self.model: Any = None
         self.epochs_run = 0
@@ -153,6 +159,17 @@ class Lstm:
         model = build_lstm()
         model.compile(optimizer=keras.optimizers.Adam(learning_rate=self.learning_rate), loss="mae")
         stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=self.patience, restore_best_weights=True)
+        forecaster = self
+
+        class TimeBudget(keras.callbacks.Callback):
+            # Checked after each epoch: the epoch running when the budget runs out completes.
+            # Early stopping then restores the best epoch's weights at the end of training.
+            def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+                budget = forecaster.max_seconds
+                if budget is not None and time.perf_counter() - started > budget:
+                    forecaster.stopped_by_budget = True
+                    self.model.stop_training = True
+
         history = model.fit(
             self.scaler.x(train.x),
             self.scaler.delta(train.future, train.now),
@@ -160,7 +177,7 @@ class Lstm:
             epochs=self.max_epochs,
             batch_size=self.batch_size,
             shuffle=True,
-            callbacks=[stop],
+            callbacks=[stop, TimeBudget()],
             verbose=0,
         )
         self.epochs_run = len(history.history["loss"])
