@@ -180,6 +180,7 @@ def release_held_for_admission(actor: str, why: str) -> int:
     again meanwhile. Safe to run twice at once: each job is released once. Returns how many."""
     released = 0
     while admission_open():
+        before = released
         batch = list(
             Job.objects.filter(state=JobState.HELD, held_for_admission=True)
             .order_by("tier__rank", "submitted_at", "id")
@@ -199,8 +200,8 @@ def release_held_for_admission(actor: str, why: str) -> int:
                 queue_name=queue,
             )
             released += done is not None
-        if len(batch) < RELEASE_BATCH:
-            break
+        if len(batch) < RELEASE_BATCH or released == before:
+            break  # the last batch, or one that lost every race: never spin on the same jobs
     if released:
         log.info("released %s job(s) held for admission (%s)", released, why)
     return released
