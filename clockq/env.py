@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -98,6 +101,48 @@ def parse_gpus(raw: str) -> str | list[int]:
     if any(i < 0 or i > 255 for i in indices) or len(set(indices)) != len(indices):
         raise ImproperlyConfigured(f"CLOCKQ_GPUS={raw!r}: indices must be distinct and in 0..255")
     return indices
+
+
+@dataclass(frozen=True)
+class ScaleHook:
+    """CLOCKQ_SCALE_HOOK parsed: a webhook URL, or a command's argv (run without a shell)."""
+
+    url: str | None = None
+    argv: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """For logs: the URL without its path, query or credentials (a webhook's path often holds
+        its secret), or the program's name."""
+        if self.url is not None:
+            parts = urlsplit(self.url)
+            return f"POST {parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}/..."
+        return f"command {self.argv[0]}"
+
+
+def parse_scale_hook(raw: str) -> ScaleHook:
+    """An http:// or https:// URL, or a command line split like a shell would (quotes work; no
+    pipes, redirections or variables: there is no shell). Raises ValueError saying what is wrong."""
+    value = raw.strip()
+    if not value:
+        raise ValueError("empty")
+    if value.lower().startswith(("http://", "https://")):
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not a valid URL: {exc}") from None
+        if not parts.hostname:
+            raise ValueError(f"{value!r} has no host")
+        if any(c.isspace() for c in value):
+            raise ValueError("a URL cannot contain spaces")
+        return ScaleHook(url=value)
+    if "://" in value.split()[0]:
+        raise ValueError(f"{value!r}: only http:// and https:// URLs are supported; anything else is a command")
+    try:
+        argv = shlex.split(value)
+    except ValueError as exc:
+        raise ValueError(f"cannot split the command {value!r}: {exc}") from None
+    return ScaleHook(argv=tuple(argv))
 
 
 def persistent_secret(path: Path, nbytes: int = 48) -> str:

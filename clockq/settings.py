@@ -20,6 +20,7 @@ from clockq.env import (
     env_list,
     env_str,
     parse_gpus,
+    parse_scale_hook,
     persistent_secret,
 )
 from clockq.policy import control as _control
@@ -340,6 +341,21 @@ if _problems := _control.threshold_problems(
     )
 ):
     raise ImproperlyConfigured("CLOCKQ_ADMISSION_*: " + " ".join(p.message for p in _problems))
+
+# Load history (clockq/jobs/load_history.py): the "clockq: load sample" periodic task is created
+# with this interval (afterwards the admin's Periodic tasks page changes it), and samples are
+# kept this many days (the predictor trains on 30).
+CLOCKQ_LOAD_SAMPLE_EVERY_S = env_int("CLOCKQ_LOAD_SAMPLE_EVERY_S", 60, min_value=15, max_value=3600)
+CLOCKQ_LOAD_HISTORY_DAYS = env_int("CLOCKQ_LOAD_HISTORY_DAYS", 35, min_value=1, max_value=3650)
+# Scale-out hook, for operators without Kubernetes: when the desired GPU worker count changes, an
+# http(s):// URL gets a JSON POST, anything else is a command (split like a shell would, run
+# without one) that reads the JSON on stdin. Staff configure it; it runs with clockq's rights.
+CLOCKQ_SCALE_HOOK = (env_str("CLOCKQ_SCALE_HOOK") or "").strip() or None
+if CLOCKQ_SCALE_HOOK is not None:
+    try:
+        parse_scale_hook(CLOCKQ_SCALE_HOOK)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"CLOCKQ_SCALE_HOOK: {_exc}") from None
 
 # The `command` workload runs a user's program as this unprivileged user (workers running as
 # root make it if missing), with these limits; 0 means no limit. Address space is unlimited by

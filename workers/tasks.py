@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import re
 
+import redis
 from celery import shared_task
 from celery.signals import worker_ready
 
 from clockq.bus.dispatch import RUN_SLICE_TASK
-from clockq.jobs import kpis, promotion, service_levels
+from clockq.jobs import kpis, load_history, promotion, scale_hook, service_levels
 from workers import heartbeat, reaper, reconcile, retention, runtime, shutdown
 from workers.probes import make_probe
 from workers.slice_runner import RunOutcome, run_dispatch
@@ -64,6 +65,44 @@ def slo_check() -> None:
 @shared_task(name="clockq.kpi_rollup", ignore_result=True)
 def kpi_rollup() -> int:
     return kpis.rollup()
+
+
+@shared_task(name="clockq.load_sample", ignore_result=True)
+def load_sample() -> float | None:
+    try:
+        sample = load_history.sample_load()
+    except redis.RedisError as exc:
+        log.warning("load sample: no sample this time, the broker did not answer (%s)", exc)
+        return None
+    return None if sample is None else sample.load_index
+
+
+SCALE_OUT_MAX_RETRIES = 5
+
+
+@shared_task(
+    name=scale_hook.SCALE_OUT_TASK,
+    bind=True,
+    ignore_result=True,
+    autoretry_for=(scale_hook.ScaleHookFailed,),
+    max_retries=SCALE_OUT_MAX_RETRIES,
+    retry_backoff=2,  # 2, 4, 8, 16, 32 s (with jitter: a random share of each)
+    retry_backoff_max=300,
+    retry_jitter=True,
+)
+def scale_out(self, desired, current=None, forecast=None, reason="") -> bool:
+    if isinstance(desired, bool) or not isinstance(desired, int) or desired < 0:
+        log.error("scale out: dropping a malformed request, desired=%r", desired)
+        return False
+    try:
+        return scale_hook.scale_out(desired, current, forecast, str(reason))
+    except scale_hook.ScaleHookFailed as exc:
+        attempt, tries = self.request.retries + 1, SCALE_OUT_MAX_RETRIES + 1
+        if attempt < tries:
+            log.warning("scale out to %s: try %s of %s failed, retrying: %s", desired, attempt, tries, exc)
+        else:
+            log.error("scale out to %s: giving up after %s tries: %s", desired, tries, exc)
+        raise
 
 
 @worker_ready.connect

@@ -405,3 +405,32 @@ class ControlDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.what}: {self.old} -> {self.new} by {self.actor}"
+
+
+class MetricSample(models.Model):
+    """The cluster's load at one moment, recorded by a beat task (clockq/jobs/load_history.py)
+    every CLOCKQ_LOAD_SAMPLE_EVERY_S: the history the load predictor trains on. Shares are 0..1;
+    a reading no host gave is empty."""
+
+    at = models.DateTimeField(unique=True, help_text="When it was taken, to the second.")
+    gpu_util = models.FloatField(null=True, blank=True, help_text="Mean SM busy over the GPUs that report it.")
+    cpu = models.FloatField(null=True, blank=True, help_text="Mean CPU load over the GPU hosts.")
+    memory = models.FloatField(null=True, blank=True, help_text="Mean memory use over the GPU hosts.")
+    queue_depth = models.JSONField(default=dict, blank=True, help_text="Queued jobs by current tier: {tier: n}.")
+    held = models.PositiveIntegerField(default=0, help_text="Jobs held for admission (not counted as demand).")
+    running_gpus = models.PositiveIntegerField(default=0, help_text="Busy GPUs: jobs running.")
+    waiting_gpus = models.PositiveIntegerField(default=0, help_text="GPUs that queued jobs ask for.")
+    gpus = models.PositiveIntegerField(default=0, help_text="Capacity: GPU workers alive.")
+    load_index = models.FloatField(
+        null=True, blank=True, help_text="(running + waiting GPUs) / GPUs, at most 2 (clockq/policy/load.py)."
+    )
+    hosts = models.JSONField(
+        default=dict, blank=True, help_text="Per host: {host: {gpus, gpu_util, cpu, memory, busy}}."
+    )
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        index = "-" if self.load_index is None else f"{self.load_index:.2f}"
+        return f"load {index} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -45,10 +45,27 @@ PERIODIC_TASKS: tuple[Periodic, ...] = (
     Periodic("clockq: KPI rollup", "clockq.kpi_rollup", 60, description="Fills the KPI tables behind /api/kpis."),
 )
 
+LOAD_SAMPLE = "clockq: load sample"
+
+
+def periodic_tasks() -> tuple[Periodic, ...]:
+    """PERIODIC_TASKS and those whose period is a setting, read now."""
+    return (
+        *PERIODIC_TASKS,
+        Periodic(
+            LOAD_SAMPLE,
+            "clockq.load_sample",
+            settings.CLOCKQ_LOAD_SAMPLE_EVERY_S,
+            description="Records the cluster's load (MetricSample), the history the load forecast learns from; "
+            "deletes samples older than CLOCKQ_LOAD_HISTORY_DAYS. Created every CLOCKQ_LOAD_SAMPLE_EVERY_S; "
+            "change the interval here.",
+        ),
+    )
+
 
 def ensure_periodic_tasks(periodic_task_model, interval_model) -> None:
     """Create the missing ones; an operator's edits to existing ones are kept."""
-    for spec in PERIODIC_TASKS:
+    for spec in periodic_tasks():
         if periodic_task_model.objects.filter(name=spec.name).exists():
             continue
         interval, _ = interval_model.objects.get_or_create(every=spec.every_s, period="seconds")
