@@ -21,6 +21,7 @@ import redis
 from django.conf import settings
 from django.db.models import Count
 from django.http import HttpResponse
+from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -33,8 +34,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from clockq.bus import counters, gpu_samples, queues
+from clockq.bus import counters, gpu_samples, heartbeat, queues
 from clockq.bus.client import client
+from clockq.jobs import load_history
+from clockq.jobs.control import admission
 from clockq.jobs.models import Job, QueueTier
 from clockq.policy.kpis import WAIT_BUCKETS_MS
 from clockq.policy.slicing import SliceOutcome
@@ -73,9 +76,10 @@ class ClockqCollector(Collector):
             found = counters.read_counters()
             waiting = queues.waiting_by_rank([queue for _id, _code, queue, *_ in tiers])
             samples = gpu_samples.cluster_samples(client())
+            gpu_workers: int | None = sum(1 for w in heartbeat.live_workers() if w.get("gpu") is not None)
         except redis.RedisError:
             # The database's figures still count; the broker's families are shown empty.
-            found, waiting, samples = None, None, []
+            found, waiting, samples, gpu_workers = None, None, [], None
         broker_up.add_metric([], 0 if found is None else 1)
         yield broker_up
         messages = GaugeMetricFamily(
@@ -89,6 +93,7 @@ class ClockqCollector(Collector):
         yield from _running_jobs(samples)
         yield from _gpu_telemetry(samples)
         yield from _counter_families(found or counters.Counters(), codes, tiers)
+        yield from _control_families(gpu_workers)
 
 
 def _job_families(code_of: dict[int, str]) -> Iterator[Metric]:
@@ -140,6 +145,48 @@ def _gpu_telemetry(samples: list[gpu_samples.GpuSample]) -> Iterator[Metric]:
             if value is not None:
                 family.add_metric([s.host, str(s.gpu_index)], value * factor)
         yield family
+
+
+def _control_families(gpu_workers: int | None) -> Iterator[Metric]:
+    """The load history's latest index and the control state: what an autoscaler (KEDA, or HPA
+    through prometheus-adapter) acts on. A figure not known yet is left out."""
+    latest = load_history.latest_sample()
+    state = admission()
+    index = GaugeMetricFamily(
+        "clockq_load_index",
+        "Load index of the latest load sample: (busy GPUs + waiting GPU demand) / GPUs, 0-2.",
+    )
+    if latest is not None and latest.load_index is not None:
+        index.add_metric([], latest.load_index)
+    yield index
+    forecast = GaugeMetricFamily("clockq_load_forecast", "The latest forecast of the load index, 15 minutes ahead.")
+    age = GaugeMetricFamily("clockq_load_forecast_age_seconds", "Seconds since the latest forecast was made.")
+    if state.forecast is not None:
+        forecast.add_metric([], state.forecast)
+    if state.forecast_at is not None:
+        age.add_metric([], max((timezone.now() - state.forecast_at).total_seconds(), 0.0))
+    yield forecast
+    yield age
+    desired = GaugeMetricFamily(
+        "clockq_desired_gpu_workers",
+        "GPU workers the controller wants (scale-out above 70% forecast load); the live GPU workers before any "
+        "forecast.",
+    )
+    wanted = state.desired_workers if state.desired_workers is not None else gpu_workers
+    if wanted is not None:
+        desired.add_metric([], wanted)
+    yield desired
+    yield GaugeMetricFamily(
+        "clockq_admission_open",
+        "1 while new non-RT jobs are admitted, 0 while they are held.",
+        value=int(state.admission_open),
+    )
+    yield GaugeMetricFamily(
+        "clockq_prefetch_on", "1 while GPU hosts prefetch queued jobs' data.", value=int(state.prefetch_on)
+    )
+    yield GaugeMetricFamily(
+        "clockq_control_forced", "1 while an operator's override holds the control state.", value=int(state.forced)
+    )
 
 
 def _counter_families(found: counters.Counters, codes: list[str], tiers: list[tuple]) -> Iterator[Metric]:

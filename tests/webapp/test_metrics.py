@@ -191,6 +191,48 @@ def test_with_the_broker_down_the_database_figures_still_come(client, alice, mon
     assert m.value("clockq_slices_total", tier="SP", outcome="completed") == 0
 
 
+@pytest.mark.django_db
+def test_the_load_and_control_gauges_an_autoscaler_reads(client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from clockq.bus import heartbeat
+    from clockq.jobs.control import apply_forecast, force_state
+    from clockq.jobs.models import MetricSample
+
+    # Before any sample or forecast: the wanted GPU workers are those alive, admission is open
+    for name, gpu in (("gpu0@h", 0), ("gpu1@h", 1), ("control@h", None)):
+        heartbeat.announce(broker(), {"hostname": name, "gpu": gpu})
+    m = scrape(client)
+    assert m.value("clockq_desired_gpu_workers") == 2
+    assert (m.value("clockq_admission_open"), m.value("clockq_prefetch_on"), m.value("clockq_control_forced")) == (
+        1,
+        0,
+        0,
+    )
+    for name in ("clockq_load_index", "clockq_load_forecast", "clockq_load_forecast_age_seconds"):
+        assert m.families[name].type == "gauge" and m.families[name].samples == []
+
+    # A sample, then a forecast above every threshold 90 s ago
+    now = timezone.now()
+    MetricSample.objects.create(at=now - timedelta(seconds=120), load_index=0.5, gpus=2)
+    MetricSample.objects.create(at=now - timedelta(seconds=60), load_index=0.75, gpus=2)
+    apply_forecast(0.91, at=now - timedelta(seconds=90), workers=2)
+    m = scrape(client)
+    assert m.value("clockq_load_index") == 0.75  # the latest
+    assert m.value("clockq_load_forecast") == 0.91
+    assert 90 <= m.value("clockq_load_forecast_age_seconds") < 120
+    assert m.value("clockq_desired_gpu_workers") == 3  # ceil(2 x 0.91 / 0.70)
+    assert (m.value("clockq_admission_open"), m.value("clockq_prefetch_on")) == (0, 0)
+
+    # An operator's override shows as it is
+    force_state(actor="op", admission_open=True, prefetch_on=True, desired_workers=7)
+    m = scrape(client)
+    assert (m.value("clockq_admission_open"), m.value("clockq_prefetch_on")) == (1, 1)
+    assert (m.value("clockq_desired_gpu_workers"), m.value("clockq_control_forced")) == (7, 1)
+
+
 # --- real workers ------------------------------------------------------------------------------------
 
 
@@ -290,3 +332,17 @@ def test_without_a_token_setting_only_staff_sessions_get_in(client, carol, setti
 def test_it_only_answers_get(client):
     assert client.post("/metrics", **BEARER).status_code == 405
     assert client.put("/metrics", **BEARER).status_code == 405
+
+
+def test_the_autoscaler_examples_query_the_gauge_we_serve():
+    import yaml
+
+    from tests.harness import ROOT
+
+    keda = yaml.safe_load((ROOT / "compose/autoscaling/keda-scaledobject.yaml").read_text())
+    [trigger] = keda["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and "clockq_desired_gpu_workers" in trigger["metadata"]["query"]
+    assert trigger["metadata"]["ignoreNullValues"] == "false"
+    adapter, hpa = yaml.safe_load_all((ROOT / "compose/autoscaling/hpa-prometheus-adapter.yaml").read_text())
+    assert adapter["rules"]["external"][0]["name"]["as"] == "clockq_desired_gpu_workers"
+    assert hpa["spec"]["metrics"][0]["external"]["metric"]["name"] == "clockq_desired_gpu_workers"
