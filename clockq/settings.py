@@ -228,11 +228,19 @@ if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
     raise ImproperlyConfigured(f"REDIS_URL={REDIS_URL!r} must start with redis://, rediss:// or unix://")
 
 CONTROL_QUEUE = "control"
+# The load predictor's worker consumes only this queue: it is the one process that loads TensorFlow.
+PREDICTOR_QUEUE = "predictor"
 _exchange = Exchange("clockq", type="direct")
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None  # the database holds every result that matters
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_TASK_QUEUES = [Queue(name, _exchange, routing_key=name) for name in (*QUEUES_IN_ORDER, CONTROL_QUEUE)]
+CELERY_TASK_QUEUES = [
+    Queue(name, _exchange, routing_key=name) for name in (*QUEUES_IN_ORDER, CONTROL_QUEUE, PREDICTOR_QUEUE)
+]
+CELERY_TASK_ROUTES = {
+    "clockq.forecast": {"queue": PREDICTOR_QUEUE},
+    "clockq.train_predictor": {"queue": PREDICTOR_QUEUE},
+}
 CELERY_TASK_DEFAULT_QUEUE = CONTROL_QUEUE
 CELERY_TASK_DEFAULT_EXCHANGE = "clockq"
 CELERY_TASK_DEFAULT_ROUTING_KEY = CONTROL_QUEUE
@@ -347,6 +355,19 @@ if _problems := _control.threshold_problems(
 # kept this many days (the predictor trains on 30).
 CLOCKQ_LOAD_SAMPLE_EVERY_S = env_int("CLOCKQ_LOAD_SAMPLE_EVERY_S", 60, min_value=15, max_value=3600)
 CLOCKQ_LOAD_HISTORY_DAYS = env_int("CLOCKQ_LOAD_HISTORY_DAYS", 35, min_value=1, max_value=3650)
+# The live predictor (predictor/tasks.py, on the predictor queue): "clockq: forecast" is created
+# to run every CLOCKQ_FORECAST_EVERY_S (never slower than every 5 minutes: a forecast older than
+# that is stale in /healthz), "clockq: train predictor" every CLOCKQ_TRAIN_EVERY_S. Training
+# waits for CLOCKQ_PREDICTOR_MIN_SAMPLES load samples (and at least what its time-ordered split
+# needs); until then the forecast is persistence and says so. Models are saved under
+# CLOCKQ_MODEL_DIR. The LSTM's training stops after about CLOCKQ_TRAIN_BUDGET_S seconds.
+CLOCKQ_FORECAST_EVERY_S = env_int("CLOCKQ_FORECAST_EVERY_S", 60, min_value=10, max_value=300)
+CLOCKQ_TRAIN_EVERY_S = env_int("CLOCKQ_TRAIN_EVERY_S", 3600, min_value=300, max_value=7 * 86_400)
+CLOCKQ_PREDICTOR_MIN_SAMPLES = env_int("CLOCKQ_PREDICTOR_MIN_SAMPLES", 300, min_value=50, max_value=1_000_000)
+CLOCKQ_PREDICTOR_HISTORY_DAYS = env_int("CLOCKQ_PREDICTOR_HISTORY_DAYS", 30, min_value=1, max_value=3650)
+CLOCKQ_TRAIN_BUDGET_S = env_float("CLOCKQ_TRAIN_BUDGET_S", 50.0, min_value=1.0, max_value=3600.0)
+CLOCKQ_MODEL_DIR = Path(env_str("CLOCKQ_MODEL_DIR") or VAR_DIR / "models")
+
 # Scale-out hook, for operators without Kubernetes: when the desired GPU worker count changes, an
 # http(s):// URL gets a JSON POST, anything else is a command (split like a shell would, run
 # without one) that reads the JSON on stdin. Staff configure it; it runs with clockq's rights.

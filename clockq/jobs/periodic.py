@@ -19,6 +19,7 @@ class Periodic:
     every_s: int
     kwargs: dict = field(default_factory=dict)
     description: str = ""
+    queue: str = ""  # empty: settings.CONTROL_QUEUE
 
 
 PERIODIC_TASKS: tuple[Periodic, ...] = (
@@ -46,6 +47,8 @@ PERIODIC_TASKS: tuple[Periodic, ...] = (
 )
 
 LOAD_SAMPLE = "clockq: load sample"
+FORECAST = "clockq: forecast"
+TRAIN_PREDICTOR = "clockq: train predictor"
 
 
 def periodic_tasks() -> tuple[Periodic, ...]:
@@ -59,6 +62,23 @@ def periodic_tasks() -> tuple[Periodic, ...]:
             description="Records the cluster's load (MetricSample), the history the load forecast learns from; "
             "deletes samples older than CLOCKQ_LOAD_HISTORY_DAYS. Created every CLOCKQ_LOAD_SAMPLE_EVERY_S; "
             "change the interval here.",
+        ),
+        Periodic(
+            FORECAST,
+            "clockq.forecast",
+            settings.CLOCKQ_FORECAST_EVERY_S,
+            description="Forecasts the load index 15 minutes ahead with the champion model (persistence until "
+            "one is trained) and applies it to the control state. Runs on the predictor worker. Created every "
+            "CLOCKQ_FORECAST_EVERY_S; keep it at 300 s or less: an older forecast is stale in /healthz.",
+            queue=settings.PREDICTOR_QUEUE,
+        ),
+        Periodic(
+            TRAIN_PREDICTOR,
+            "clockq.train_predictor",
+            settings.CLOCKQ_TRAIN_EVERY_S,
+            description="Retrains the load forecast (linear and LSTM) on the stored load history and chooses the "
+            "champion against persistence. Runs on the predictor worker. Created every CLOCKQ_TRAIN_EVERY_S.",
+            queue=settings.PREDICTOR_QUEUE,
         ),
     )
 
@@ -74,7 +94,7 @@ def ensure_periodic_tasks(periodic_task_model, interval_model) -> None:
             task=spec.task,
             interval=interval,
             kwargs=json.dumps(spec.kwargs),
-            queue=settings.CONTROL_QUEUE,
+            queue=spec.queue or settings.CONTROL_QUEUE,
             # A tick that waited longer than its period is dropped; the next one does its work.
             expire_seconds=spec.every_s,
             description=spec.description,
