@@ -38,3 +38,39 @@ def test_var_files_become_private_and_the_folder_unlistable(tmp_path, keep_umask
 def test_the_banner_never_shows_the_broker_password():
     assert _without_password("redis://:hunter2@127.0.0.1:6390/0") == "redis://:***@127.0.0.1:6390/0"
     assert _without_password("redis://127.0.0.1:6390/0") == "redis://127.0.0.1:6390/0"
+
+
+def test_the_predictor_worker_consumes_only_its_queue_one_task_at_a_time():
+    from workers.launch import predictor_worker_argv
+
+    argv = predictor_worker_argv(host="h")
+    assert argv[argv.index("--queues") + 1] == "predictor"
+    assert argv[argv.index("--concurrency") + 1] == "1" and argv[argv.index("--pool") + 1] == "solo"
+    assert argv[argv.index("--hostname") + 1] == "predictor@h"
+
+
+@pytest.mark.django_db
+def test_make_run_starts_a_predictor_worker_beside_the_control_worker(tmp_path, settings, monkeypatch):
+    """runstack's children, captured instead of started (REDIS_URL set: no embedded broker)."""
+    from clockq.management.commands import runstack
+    from tests.harness import free_port
+
+    settings.VAR_DIR = tmp_path / "var"
+    settings.PORT, settings.FLOWER_PORT = free_port(), free_port()
+    settings.CLOCKQ_ADMIN_PASSWORD = "not-a-real-password-123"
+    monkeypatch.setenv("REDIS_URL", settings.REDIS_URL)
+    started = {}
+
+    def run_forever(self):
+        started.update({child.name: child.argv for child in self.children})
+        return 0
+
+    monkeypatch.setattr(runstack.Supervisor, "run_forever", run_forever)
+    monkeypatch.setattr(runstack.Command, "_announce_ready", lambda *a, **k: None)
+    with pytest.raises(SystemExit):
+        runstack.Command().handle(demo=False, bind="127.0.0.1")
+    assert {"web", "gpuworkers", "control", "predictor", "beat", "flower"} <= set(started)
+    predictor = started["predictor"]
+    assert predictor[predictor.index("--queues") + 1] == "predictor"
+    control = started["control"]
+    assert control[control.index("--queues") + 1] == "control"

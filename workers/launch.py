@@ -39,3 +39,10 @@ def gpu_worker_env(gpu: Gpu) -> dict[str, str]:
 def control_worker_argv(host: str | None = None, loglevel: str = "INFO") -> list[str]:
     """The worker for beat's maintenance tasks (reconciler, lease reaper, ...)."""
     return _worker_argv("control", host, "control", "solo", loglevel)
+
+
+def predictor_worker_argv(host: str | None = None, loglevel: str = "INFO") -> list[str]:
+    """The load predictor's worker: the `predictor` queue only (forecast, training), one task
+    at a time in its own process (solo), which keeps the loaded champion between forecasts. It
+    is the one Celery process that loads TensorFlow."""
+    return _worker_argv("predictor", host, "predictor", "solo", loglevel)

@@ -1,7 +1,7 @@
 """python manage.py runstack: the whole system on one machine (what `make run` starts).
 
 Migrates, ensures the admin user, starts a private Redis unless REDIS_URL is set, then the web
-server, the GPU workers, a control worker, celery beat and Flower. Ctrl-C or SIGTERM stops
+server, the GPU workers, a control worker, the predictor worker, celery beat and Flower. Ctrl-C or SIGTERM stops
 everything it started.
 """
 
@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 from clockq.bus.redis_server import redis_server_argv
 from clockq.env import persistent_secret
 from clockq.management.commands.ensureadmin import ADMIN_USERNAME, admin_password
-from workers.launch import control_worker_argv
+from workers.launch import control_worker_argv, predictor_worker_argv
 from workers.supervisor import Child, Supervisor
 
 
@@ -62,7 +62,7 @@ def _without_password(url: str) -> str:
 
 
 class Command(BaseCommand):
-    help = "Start clockq on this machine: broker (if needed), web, GPU workers, beat and Flower."
+    help = "Start clockq on this machine: broker (if needed), web, GPU, control and predictor workers, beat, Flower."
 
     def add_arguments(self, parser):
         parser.add_argument("--demo", action="store_true", help="submit a mixed sample workload once healthy")
@@ -115,6 +115,8 @@ class Command(BaseCommand):
             ),
             Child("gpuworkers", [python, "manage.py", "gpuworkers"], restart=False),
             Child("control", control_worker_argv()),
+            # Forecasts every minute and retrains hourly (beat sends both to its queue).
+            Child("predictor", predictor_worker_argv()),
             Child(
                 "beat",
                 [
