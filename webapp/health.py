@@ -1,4 +1,8 @@
-"""/healthz: 200 once the system can run jobs (database, broker and a GPU worker), else 503."""
+"""/healthz: 200 once the system can run jobs (database, broker and a GPU worker), else 503.
+
+The load forecast's freshness is shown too (`forecast`: ok, waiting for the first one, or
+stale when older than 5 minutes; clockq.jobs.forecasts.forecast_health). A stale forecast is
+not a reason for 503: jobs still run, only the control state stops following the load."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from django.views.decorators.http import require_GET
 
 from clockq.bus import gpu_samples, heartbeat
 from clockq.bus.client import client, ping
+from clockq.jobs import forecasts
 from clockq.jobs.models import Job
 from clockq.jobs.quotas import KEPT_GENERATIONS
 
@@ -44,6 +49,7 @@ def healthz(request):
         "checks": checks,
         "gpu_errors": _gpu_errors(checks),
         "checkpoints": _checkpoint_storage(checks),
+        "forecast": _forecast(checks),
     }
     return JsonResponse(body, status=200 if ok else 503)
 
@@ -62,6 +68,12 @@ def _checkpoint_storage(checks: dict) -> dict:
         total = Job.objects.aggregate(total=Sum("checkpoint_bytes"))["total"] or 0
         info["held_by_jobs_bytes"] = KEPT_GENERATIONS * total
     return info
+
+
+def _forecast(checks: dict) -> dict:
+    if not checks["database"]["ok"]:
+        return {"ok": False, "status": "unknown", "age_s": None}
+    return forecasts.forecast_health()
 
 
 def _gpu_errors(checks: dict) -> dict[str, str]:

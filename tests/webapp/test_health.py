@@ -45,3 +45,32 @@ def test_healthz_shows_nvml_errors_that_workers_report(client):
     gpu_samples.publish(broker_client(), sample)
     body = client.get("/healthz").json()
     assert body["gpu_errors"] == {"gpu3@node7": "GPU is lost"}
+
+
+def test_healthz_shows_the_forecast_fresh_stale_or_not_yet(client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from clockq.jobs import forecasts
+    from clockq.jobs.models import MetricSample
+
+    body = client.get("/healthz").json()
+    assert body["forecast"]["status"] == "waiting" and body["forecast"]["ok"]  # a fresh stack
+
+    now = timezone.now()
+    MetricSample.objects.create(at=now - timedelta(minutes=10), load_index=0.5, gpus=1)
+    body = client.get("/healthz").json()
+    assert body["forecast"]["status"] == "stale" and not body["forecast"]["ok"]  # samples, no forecast
+
+    forecasts.record_forecast(value=0.5, model="persistence", reason="test", at=now - timedelta(minutes=6))
+    forecast = client.get("/healthz").json()["forecast"]
+    assert forecast["status"] == "stale" and forecast["age_s"] >= 360
+
+    forecasts.record_forecast(value=0.6, model="lstm", reason="test", at=now - timedelta(seconds=30))
+    response = client.get("/healthz")
+    forecast = response.json()["forecast"]
+    assert forecast["status"] == "ok" and forecast["ok"] and forecast["model"] == "lstm"
+    assert 30 <= forecast["age_s"] < 300 and forecast["value"] == 0.6
+    # Shown, never a reason for 503 on its own (here: 503 only for want of GPU workers).
+    assert response.json()["checks"]["workers"]["ok"] is False
