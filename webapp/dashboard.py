@@ -27,8 +27,8 @@ from django.utils import timezone
 
 from clockq.bus import gpu_samples
 from clockq.bus.client import client
-from clockq.jobs import kpis
-from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
+from clockq.jobs import control, forecasts, kpis
+from clockq.jobs.models import ControlState, Job, JobEvent, QueueTier, Slice
 from clockq.policy.kpis import WAIT_BUCKETS_MS
 from clockq.policy.slicing import SliceOutcome
 from clockq.policy.states import JobState
@@ -104,6 +104,7 @@ def dashboard_data(request):
             "live": live_state(tiers),
             "kpis": kpi_charts(since=now - timedelta(minutes=minutes), until=now),
             "timeline": slice_timeline(since=now - timedelta(seconds=timeline_s), until=now),
+            "load": load_and_control(since=now - timedelta(minutes=minutes), now=now),
         }
     )
 
@@ -219,6 +220,62 @@ def share_within(counts: list[int], target_s: float | None) -> float | None:
         return None
     met = sum(n for bound, n in zip(WAIT_BUCKETS_MS, counts, strict=False) if bound <= target_s * 1000)
     return met / total
+
+
+# --- load, forecasts and control ---------------------------------------------------------------
+
+
+def load_and_control(*, since: datetime, now: datetime) -> dict[str, Any]:
+    """The load index of the samples in the window; the forecasts made in it, each placed at the
+    time it forecasts (made + horizon, so it lines up with the load it predicted); the latest
+    forecast; the control state and the thresholds it acts on."""
+    samples = forecasts.load_series(since, now)
+    made = forecasts.forecast_series(since, now)
+    latest = forecasts.latest_forecast()
+    state = control.admission() if ControlState.objects.exists() else None
+    t = control.thresholds()
+    return {
+        "samples": [{"t": _ts(s["at"]), "load": s["load_index"], "gpu_util": s["gpu_util"]} for s in samples],
+        "forecasts": [
+            {
+                "made": _ts(f["at"]),
+                "t": _ts(f["at"] + timedelta(seconds=f["horizon_s"])),
+                "value": f["value"],
+                "model": f["model"],
+            }
+            for f in made
+        ],
+        "latest": None
+        if latest is None
+        else {
+            "made": _ts(latest.at),
+            "t": _ts(latest.at + timedelta(seconds=latest.horizon_s)),
+            "value": latest.value,
+            "model": latest.model,
+            "reason": latest.reason,
+            "age_s": round((now - latest.at).total_seconds(), 1),
+            "stale": (now - latest.at).total_seconds() > forecasts.STALE_AFTER_S,
+        },
+        "control": None
+        if state is None
+        else {
+            "admission_open": state.admission_open,
+            "prefetch_on": state.prefetch_on,
+            "desired_workers": state.desired_workers,
+            "reason": state.reason,
+            "forecast": state.forecast,
+            "forecast_at": _ts(state.forecast_at) if state.forecast_at else None,
+            "forced": state.forced,
+            "forced_by": state.forced_by,
+        },
+        "thresholds": {
+            "close_above": t.close_above,
+            "reopen_below": t.reopen_below,
+            "scale_out_above": t.scale_out_above,
+            "prefetch_below": t.prefetch_below,
+        },
+        "horizon_s": forecasts.HORIZON_S,
+    }
 
 
 # --- the slice timeline ------------------------------------------------------------------------

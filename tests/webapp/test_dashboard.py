@@ -46,7 +46,7 @@ def test_staff_get_the_page_with_plotly_served_from_the_wheel(client, carol):
     assert '<script src="/static/plotly/plotly.min.js">' in html
     assert '<script src="/static/webapp/dashboard.js">' in html
     assert "https://" not in html and "http://" not in html  # nothing from the internet
-    for chart in ("queue", "waits", "gpus", "rates", "timeline"):
+    for chart in ("queue", "waits", "gpus", "rates", "load", "timeline"):
         assert f'id="chart-{chart}"' in html
     assert 'href="/dashboard"' in client.get("/jobs/").content.decode()  # the staff nav link
 
@@ -58,7 +58,9 @@ def test_the_empty_system_answers_with_every_section(client, carol):
     assert data["tiers"][1]["wait_target_ms"] == 60_000
     assert data["live"]["queued"] == {"RT": 0, "HP": 0, "SP": 0, "BP": 0, "BK": 0}
     assert data["timeline"]["bars"] == [] and data["timeline"]["promotions"] == []
-    assert set(data) == {"now", "tiers", "live", "kpis", "timeline"}
+    assert set(data) == {"now", "tiers", "live", "kpis", "timeline", "load"}
+    assert data["load"]["samples"] == [] and data["load"]["forecasts"] == []
+    assert data["load"]["latest"] is None and data["load"]["control"] is None
 
 
 @pytest.mark.parametrize(
@@ -225,3 +227,28 @@ def test_the_kpi_charts_come_from_the_rollup(client, carol, alice):
     sampled = data["minutes"].index(dashboard._ts(floor_minute(now) - timedelta(minutes=1)))
     assert data["queue_depth"]["SP"][sampled] == 1 and data["queue_depth"]["SP"][-1] is None
     assert data["since"] <= dashboard._ts(minute) < data["until"]
+
+
+def test_the_load_section_shows_the_history_the_forecasts_and_the_control_state(client, carol):
+    from clockq.jobs import control, forecasts
+    from clockq.jobs.models import MetricSample
+
+    now = timezone.now()
+    for i in range(5):
+        MetricSample.objects.create(at=now - timedelta(minutes=5 - i), load_index=0.5 + 0.1 * i, gpus=2)
+    forecasts.record_forecast(value=0.92, model="lstm", reason="lstm model 3: ...", at=now - timedelta(seconds=20))
+    control.apply_forecast(0.92, now - timedelta(seconds=20), workers=2)
+    control.force_state(actor="carol", prefetch_on=True, note="warming caches")
+
+    client.force_login(carol)
+    load = client.get("/dashboard/data").json()["load"]
+    assert [s["load"] for s in load["samples"]] == pytest.approx([0.5, 0.6, 0.7, 0.8, 0.9])
+    assert load["forecasts"] == [
+        {"made": load["latest"]["made"], "t": load["latest"]["t"], "value": 0.92, "model": "lstm"}
+    ]
+    assert load["latest"]["t"] > load["latest"]["made"] and not load["latest"]["stale"]  # drawn 15 min ahead
+    state = load["control"]
+    assert state["admission_open"] is False and state["prefetch_on"] is True and state["desired_workers"] == 3
+    assert state["forced"] and state["forced_by"] == "carol" and "warming caches" in state["reason"]
+    assert state["forecast"] == 0.92
+    assert load["thresholds"]["close_above"] == 0.85 and load["horizon_s"] == 900

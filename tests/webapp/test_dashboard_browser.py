@@ -25,7 +25,7 @@ from tests.webapp.test_dashboard import GPU0, GPU1, make_event, make_slice
 pytestmark = pytest.mark.django_db(transaction=True)  # the live server needs committed rows
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
-CHARTS = ("queue", "waits", "gpus", "rates", "timeline")
+CHARTS = ("queue", "waits", "gpus", "rates", "load", "timeline")
 
 
 @pytest.fixture
@@ -92,6 +92,14 @@ def some_slices(alice):
 
 
 def test_every_chart_draws_from_local_files_and_refreshes_in_place(watched_page, carol, some_slices):
+    from clockq.jobs import control, forecasts
+    from clockq.jobs.models import MetricSample
+
+    now = timezone.now()
+    for i in range(3):
+        MetricSample.objects.create(at=now - timedelta(minutes=3 - i), load_index=0.4 + 0.2 * i, gpus=2)
+    forecasts.record_forecast(value=0.9, model="persistence", reason="persistence: only 3 samples", at=now)
+    control.apply_forecast(0.9, now, workers=2)
     page, outside, errors = watched_page
     log_in(page, "/accounts/login/?next=/dashboard", "carol", "carol-pass-123")
     page.wait_for_url(re.compile(r"/dashboard$"))
@@ -103,6 +111,9 @@ def test_every_chart_draws_from_local_files_and_refreshes_in_place(watched_page,
         assert plot.locator("svg.main-svg").count() >= 1
     # Traces, not only axes.
     assert page.locator("#chart-queue .scatterlayer .trace").count() == 5  # a line per tier
+    assert page.locator("#chart-load .scatterlayer .trace path.js-line").count() >= 1  # the load index
+    control_text = page.locator("#dash-control").inner_text()
+    assert "admission closed" in control_text and "forecast 90.0 % by persistence" in control_text
     assert page.locator("#chart-queue .scatterlayer .trace path.js-line").count() >= 1
     waits = page.locator("#chart-waits .scatterlayer .trace")
     assert waits.count() == 2  # SP's waits, and the targets' markers

@@ -284,6 +284,104 @@
     );
   }
 
+  // --- load index, forecasts and the control state ---------------------------------------
+
+  const controlBox = document.getElementById("dash-control");
+
+  function flag(text, kind) {
+    const span = document.createElement("span");
+    span.className = "flag" + (kind ? " " + kind : "");
+    span.textContent = text;
+    return span;
+  }
+
+  function renderControl(load) {
+    const parts = [];
+    const state = load.control;
+    const latest = load.latest;
+    if (latest) {
+      parts.push(
+        flag(
+          "forecast " + percent(latest.value) + " by " + latest.model + " · " + Math.round(latest.age_s) + " s ago",
+          latest.stale ? "stale" : ""
+        )
+      );
+    }
+    if (state) {
+      parts.push(flag("admission " + (state.admission_open ? "open" : "closed"), state.admission_open ? "" : "closed"));
+      parts.push(flag("prefetch " + (state.prefetch_on ? "on" : "off")));
+      parts.push(flag("desired GPU workers " + (state.desired_workers === null ? "–" : state.desired_workers)));
+      if (state.forced) parts.push(flag("forced by " + state.forced_by, "forced"));
+      const reason = document.createElement("div");
+      reason.textContent = state.reason || "";
+      parts.push(reason);
+    }
+    if (latest && latest.reason) {
+      const why = document.createElement("div");
+      why.textContent = "model: " + latest.reason;
+      parts.push(why);
+    }
+    if (!parts.length) parts.push(document.createTextNode("no forecast yet: the control state is at its defaults"));
+    controlBox.replaceChildren(...parts);
+  }
+
+  function renderLoad(data) {
+    const load = data.load;
+    renderControl(load);
+    const t = load.thresholds;
+    const traces = [
+      {
+        type: "scatter",
+        mode: "lines",
+        name: "load index",
+        x: load.samples.map((s) => s.t),
+        y: load.samples.map((s) => s.load),
+        line: { color: "#1f77b4" },
+        hovertemplate: "%{x}: %{y:.2f}<extra>load</extra>",
+      },
+      {
+        type: "scatter",
+        mode: "lines+markers",
+        name: "forecast (at its target time)",
+        x: load.forecasts.map((f) => f.t),
+        y: load.forecasts.map((f) => f.value),
+        text: load.forecasts.map((f) => f.model + ", made " + f.made.slice(11, 19)),
+        line: { color: "#9467bd", dash: "dot" },
+        marker: { size: 4 },
+        hovertemplate: "%{x}: %{y:.2f} (%{text})<extra>forecast</extra>",
+      },
+    ];
+    const start = timeRange(data)[0];
+    const end = load.latest ? (load.latest.t > data.now ? load.latest.t : data.now) : data.now;
+    const line = (y, colour, text) => ({
+      type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: { color: colour, width: 1, dash: "dash" }, name: text,
+    });
+    const label = (y, text) => ({ xref: "paper", x: 1, y: y, text: text, showarrow: false, xanchor: "right", yanchor: "bottom", font: { size: 10, color: "#57606a" } });
+    const empty = !load.samples.length && !load.forecasts.length;
+    Plotly.react(
+      "chart-load",
+      traces,
+      layout({
+        uirevision: "load",
+        xaxis: { range: [start, end] },
+        yaxis: { title: { text: "load index" }, rangemode: "tozero" },
+        shapes: [
+          line(t.close_above, "#cf222e", "close admission"),
+          line(t.reopen_below, "#bf8700", "reopen"),
+          line(t.scale_out_above, "#8250df", "scale out"),
+          line(t.prefetch_below, "#1a7f37", "prefetch"),
+        ],
+        annotations: [
+          label(t.close_above, "close admission > " + percent(t.close_above)),
+          label(t.reopen_below, "reopen < " + percent(t.reopen_below)),
+          label(t.scale_out_above, "scale out > " + percent(t.scale_out_above)),
+          label(t.prefetch_below, "prefetch < " + percent(t.prefetch_below)),
+        ].concat(empty ? emptyNote("no load sample in the window yet") : []),
+      }),
+      plotConfig
+    );
+  }
+
   // --- the slice timeline ------------------------------------------------------------------
 
   function renderTimeline(data) {
@@ -399,6 +497,7 @@
     renderWaits(data);
     renderGpus(data);
     renderRates(data);
+    renderLoad(data);
     renderTimeline(data);
   }
 
