@@ -164,3 +164,16 @@ def test_gaps_split_the_history_into_segments():
     history = forecasts._history(rows, 60)
     assert history.segment.tolist() == [0, 0, 0, 1, 1]
     assert history.features[:, 2].tolist() == [0.0] * 5  # no memory reading: 0
+
+
+def test_when_training_chose_persistence_the_forecast_says_so(model_dir):
+    generated_history(320, level=0.5)
+    row = ModelVersion(kind="linear", path="unused", validation_mae=0.3, persistence_mae=0.2)
+    forecasts.record_models([row], "persistence")
+    tasks.forecast()
+    forecast = Forecast.objects.get()
+    assert forecast.model == "persistence" and forecast.version is None
+    assert forecast.reason == (
+        f"persistence: the latest training (model {row.pk}) found no model better than persistence on "
+        "validation (persistence MAE 0.2000)"
+    )
