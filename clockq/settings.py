@@ -295,6 +295,12 @@ CLOCKQ_GPUS = parse_gpus(env_str("CLOCKQ_GPUS") or "auto")
 # Memory of each simulated GPU in MiB, e.g. "16384,81920"; the last value repeats.
 CLOCKQ_SIM_GPU_MEMORY_MIB = env_int_list("CLOCKQ_SIM_GPU_MEMORY_MIB", [16384], min_value=1, max_value=4 * 2**20)
 CLOCKQ_CHECKPOINT_DIR = Path(env_str("CLOCKQ_CHECKPOINT_DIR") or VAR_DIR / "checkpoints")
+# Data that workloads prefetch ahead of their jobs (keras_train's datasets), shared by the jobs
+# of a host. Prefetching runs in `gpuworkers` every CLOCKQ_PREFETCH_EVERY_S (0: never) while the
+# control state has prefetch on, for the next CLOCKQ_PREFETCH_JOBS_PER_GPU queued jobs per GPU.
+CLOCKQ_CACHE_DIR = Path(env_str("CLOCKQ_CACHE_DIR") or VAR_DIR / "cache")
+CLOCKQ_PREFETCH_EVERY_S = env_int("CLOCKQ_PREFETCH_EVERY_S", 30, min_value=0, max_value=3600)
+CLOCKQ_PREFETCH_JOBS_PER_GPU = env_int("CLOCKQ_PREFETCH_JOBS_PER_GPU", 2, min_value=1, max_value=100)
 PORT = env_int("PORT", 8000, min_value=1, max_value=65535)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, min_value=1, max_value=65535)
 CLOCKQ_ADMIN_PASSWORD = env_str("CLOCKQ_ADMIN_PASSWORD")

@@ -339,7 +339,9 @@ class JobRun:
         work_dir = self.runtime.store.work_dir(self.job_id)
         with workload_errors():
             workload = registry.create(self.job.workload, self.job.params)
-            workload.setup(RunContext(self.job_id, self.runtime.identity.gpu_index, work_dir))
+            workload.setup(
+                RunContext(self.job_id, self.runtime.identity.gpu_index, work_dir, settings.CLOCKQ_CACHE_DIR)
+            )
         if self.generation:
             try:
                 restored = self.runtime.store.restore(self.job_id, self.generation)

@@ -63,6 +63,12 @@ SPECS: dict[str, WorkloadSpec] = {
                 "hidden": Int(1, 4096, default=64, help="width of the two hidden layers"),
                 "learning_rate": Float(1e-6, 1.0, default=1e-3, help="Adam learning rate"),
                 "seed": Int(0, 2**31 - 1, default=0, help="seed for the generated data and initial weights"),
+                # 0: every batch is generated as it is needed. Otherwise the job trains on a
+                # fixed dataset of this many generated examples, built once per host into
+                # CLOCKQ_CACHE_DIR (or prefetched there while the cluster is quiet).
+                "dataset_examples": Int(
+                    0, 4_000_000, default=0, help="train on a fixed dataset of this many examples (0: stream)"
+                ),
             },
         ),
         WorkloadSpec(

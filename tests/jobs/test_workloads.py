@@ -61,6 +61,7 @@ def test_keras_train_params_get_defaults():
         "hidden": 64,
         "learning_rate": 1e-3,
         "seed": 0,
+        "dataset_examples": 0,
     }
 
 

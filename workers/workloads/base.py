@@ -21,6 +21,7 @@ class RunContext:
     job_id: int
     gpu_index: int
     work_dir: Path
+    cache_dir: Path | None = None  # data shared by the host's jobs, which prefetch() may fill
 
 
 class Workload(ABC):
@@ -34,6 +35,14 @@ class Workload(ABC):
 
     def __init__(self, params: dict[str, Any]):
         self.params = params
+
+    @classmethod
+    def prefetch(cls, params: dict[str, Any], cache_dir: Path) -> bool:
+        """Fetch or build the job's data into `cache_dir` before the job runs, so that its
+        first slice finds it there. Called on the GPU hosts while the load forecast is low
+        (prefetch on), for queued jobs. Returns whether it did any work. Optional: most
+        workloads have nothing to fetch."""
+        return False
 
     def setup(self, ctx: RunContext) -> None:  # noqa: B027 - optional hook
         """Prepare to run (build models, open files). Called once per claim."""

@@ -3,7 +3,10 @@
 The data is a generated regression problem: a fixed random "teacher" network, drawn from the
 `seed` param, labels standard-normal inputs. Each batch is drawn from a generator seeded by
 (seed, step index), so a run resumed from a checkpoint sees exactly the batches an
-uninterrupted run would.
+uninterrupted run would. With `dataset_examples` the job trains instead on a fixed dataset of
+that many generated examples (batches drawn from it by the same (seed, step) rule). The dataset
+is built once per host into CLOCKQ_CACHE_DIR, or prefetched there while the cluster is quiet
+(`prefetch`), so a job whose dataset is already cached skips building it.
 
 Keras runs on TensorFlow, clockq's default backend. `KERAS_BACKEND=torch` (or `jax`) runs it on
 that framework instead, on a host that has it; the checkpoint format does not change. Keras and
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +33,100 @@ _TEACHER_HIDDEN = 32
 _NOISE = 0.01
 _FORMAT_VERSION = 1
 
+log = logging.getLogger("clockq.workloads")
 
-def generated_batch(seed: int, step_index: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Batch number `step_index` of the generated data for `seed`: (x, y) as float32 arrays."""
+
+def _teacher(seed: int) -> tuple[np.ndarray, np.ndarray]:
     teacher = np.random.default_rng(seed)
     w1 = teacher.standard_normal((FEATURES, _TEACHER_HIDDEN)) / np.sqrt(FEATURES)
     w2 = teacher.standard_normal((_TEACHER_HIDDEN, 1)) / np.sqrt(_TEACHER_HIDDEN)
+    return w1, w2
+
+
+def generated_batch(seed: int, step_index: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Batch number `step_index` of the generated data for `seed`: (x, y) as float32 arrays."""
+    w1, w2 = _teacher(seed)
     rng = np.random.default_rng((seed, step_index))
     x = rng.standard_normal((batch_size, FEATURES))
     y = np.tanh(x @ w1) @ w2 + _NOISE * rng.standard_normal((batch_size, 1))
     return x.astype(np.float32), y.astype(np.float32)
 
 
+# --- a fixed dataset, built once per host and cached (what prefetch fills) --------------------
+
+_DATASET_VERSION = 1
+_DATASET_STREAM = 0xDA7A  # a separate random stream from the per-step batches
+
+
+def dataset_path(cache_dir: Path, seed: int, examples: int) -> Path:
+    return cache_dir / f"keras_train-v{_DATASET_VERSION}-seed{seed}-n{examples}.npz"
+
+
+def build_dataset(seed: int, examples: int) -> tuple[np.ndarray, np.ndarray]:
+    """`examples` generated examples labelled by the seed's teacher: the same for every host."""
+    w1, w2 = _teacher(seed)
+    rng = np.random.default_rng((seed, _DATASET_STREAM))
+    x = rng.standard_normal((examples, FEATURES), dtype=np.float32)
+    y = (np.tanh(x @ w1) @ w2 + _NOISE * rng.standard_normal((examples, 1))).astype(np.float32)
+    return x, y
+
+
+def load_or_build_dataset(cache_dir: Path | None, seed: int, examples: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The dataset from the host's cache if it is there and sound, else built (and cached).
+    Returns (x, y, found in the cache). A cache that cannot be read or written is no fault of
+    the job: it is rebuilt, or simply not kept."""
+    path = dataset_path(cache_dir, seed, examples) if cache_dir else None
+    if path is not None and path.exists():
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                x, y = data["x"], data["y"]
+            if x.shape == (examples, FEATURES) and y.shape == (examples, 1):
+                return x, y, True
+            log.warning("keras_train: cached dataset %s has the wrong shape; rebuilding it", path.name)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("keras_train: cached dataset %s unreadable (%s); rebuilding it", path.name, exc)
+    x, y = build_dataset(seed, examples)
+    if path is not None:
+        _store(path, x, y)
+    return x, y, False
+
+
+def _store(path: Path, x: np.ndarray, y: np.ndarray) -> None:
+    """Write the dataset next to its final name and rename it into place: jobs on the other GPUs
+    of the host never see half a file, and two that build it at once both end with a whole one."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".building-", suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, x=x, y=y)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        log.warning("keras_train: could not cache the dataset %s: %s", path.name, exc)
+
+
 class KerasTrainWorkload(Workload):
     name = "keras_train"
 
+    @classmethod
+    def prefetch(cls, params: dict[str, Any], cache_dir: Path) -> bool:
+        examples = params.get("dataset_examples", 0)
+        if not examples or dataset_path(cache_dir, params["seed"], examples).exists():
+            return False
+        load_or_build_dataset(cache_dir, params["seed"], examples)
+        return True
+
     def setup(self, ctx: RunContext) -> None:
+        # The dataset first: it needs no TensorFlow, and how long it took is worth knowing.
+        self.data: tuple[np.ndarray, np.ndarray] | None = None
+        self.data_from_cache = False
+        if examples := self.params.get("dataset_examples", 0):
+            x, y, self.data_from_cache = load_or_build_dataset(ctx.cache_dir, self.params["seed"], examples)
+            self.data = (x, y)
         if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             import tensorflow as tf
@@ -82,12 +165,20 @@ class KerasTrainWorkload(Workload):
         steps = self.params["steps"]
         self.reported = False
         if self.done < steps:
-            x, y = generated_batch(self.params["seed"], self.done, self.params["batch_size"])
+            x, y = self._batch(self.done)
             logs = self.model.train_on_batch(x, y, return_dict=True)
             self.last_loss = float(logs["loss"])
             self.done += 1
             self.reported = True
         return min(self.done / steps, 1.0)
+
+    def _batch(self, step_index: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.data is None:
+            return generated_batch(self.params["seed"], step_index, self.params["batch_size"])
+        x, y = self.data
+        # Examples drawn by (seed, step), so a resumed run sees the batches a straight one would.
+        picks = np.random.default_rng((self.params["seed"], step_index)).integers(0, len(x), self.params["batch_size"])
+        return x[picks], y[picks]
 
     def metrics(self) -> list[tuple[int, str, float]]:
         # The training loss of the batch just trained, at its step (1-based).

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand
 from workers import sandbox
 from workers.gpus import discover
 from workers.launch import gpu_worker_argv, gpu_worker_env
+from workers.prefetch import Prefetcher
 from workers.supervisor import Child, Supervisor
 from workers.workloads.base import JobRefused
 
@@ -37,6 +38,10 @@ class Command(BaseCommand):
         children = [
             Child(f"gpu{g.index}", gpu_worker_argv(g.index, loglevel=loglevel), gpu_worker_env(g)) for g in gpus
         ]
+        if settings.CLOCKQ_PREFETCH_EVERY_S:
+            Prefetcher(
+                gpus, settings.CLOCKQ_CACHE_DIR, settings.CLOCKQ_PREFETCH_EVERY_S, settings.CLOCKQ_PREFETCH_JOBS_PER_GPU
+            ).start()
         raise SystemExit(Supervisor(children, stop_grace_s=stop_grace).run_forever())
 
     @staticmethod
