@@ -74,3 +74,18 @@ def test_make_run_starts_a_predictor_worker_beside_the_control_worker(tmp_path, 
     assert predictor[predictor.index("--queues") + 1] == "predictor"
     control = started["control"]
     assert control[control.index("--queues") + 1] == "control"
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1:8000", "0.0.0.0:80", "[::1]:8000", "", "host name", "a/b"])
+def test_a_bind_address_with_a_port_or_junk_is_refused_before_anything_starts(bind):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="without a port"):
+        call_command("runstack", "--bind", bind)
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0", "::1", "2001:db8::1", "gpu-host.example"])
+def test_addresses_and_host_names_are_accepted(bind):
+    from clockq.management.commands.runstack import _is_address
+
+    assert _is_address(bind)

@@ -7,6 +7,7 @@ everything it started.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import sys
@@ -66,9 +67,18 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--demo", action="store_true", help="submit a mixed sample workload once healthy")
-        parser.add_argument("--bind", default=os.environ.get("CLOCKQ_BIND", "127.0.0.1"))
+        parser.add_argument(
+            "--bind",
+            default=os.environ.get("CLOCKQ_BIND", "127.0.0.1"),
+            help="address to listen on, without a port (the web port is PORT, Flower's FLOWER_PORT)",
+        )
 
     def handle(self, *args, demo: bool, bind: str, **options):
+        if not _is_address(bind):
+            raise CommandError(
+                f"--bind {bind!r}: give an address without a port, such as 127.0.0.1 or 0.0.0.0; "
+                "the ports are PORT (web) and FLOWER_PORT"
+            )
         protect_var_dir(settings.VAR_DIR)
         call_command("migrate", interactive=False, verbosity=0)
         call_command("ensureadmin")
@@ -185,3 +195,13 @@ class Command(BaseCommand):
                 pass
             time.sleep(1)
         self.stderr.write("clockq did not become healthy within 180 s; see the logs above")
+
+
+def _is_address(bind: str) -> bool:
+    """An IP address or a host name, without a port: `--bind 0.0.0.0:8000` would end in a web
+    address with two ports and a Flower that cannot resolve its host."""
+    try:
+        ipaddress.ip_address(bind)
+        return True
+    except ValueError:
+        return bool(bind) and ":" not in bind and not any(c.isspace() or c == "/" for c in bind)
