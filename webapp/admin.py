@@ -11,7 +11,18 @@ from django.utils import timezone
 
 from clockq.jobs import control, promotion, quotas, services, workloads
 from clockq.jobs import metrics as job_metrics
-from clockq.jobs.models import ControlDecision, ControlState, Job, JobEvent, QueueTier, Slice, UserQuota
+from clockq.jobs.models import (
+    ControlDecision,
+    ControlState,
+    Forecast,
+    Job,
+    JobEvent,
+    MetricSample,
+    ModelVersion,
+    QueueTier,
+    Slice,
+    UserQuota,
+)
 from webapp.forms import JobSubmitForm, storable_deadline
 from webapp.serializers import admission_note
 
@@ -427,3 +438,46 @@ class ControlDecisionAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class _ReadOnly(admin.ModelAdmin):
+    """Records the system writes (load samples, trained models, forecasts): shown, not edited."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(MetricSample)
+class MetricSampleAdmin(_ReadOnly):
+    list_display = ["at", "load_index", "running_gpus", "waiting_gpus", "gpus", "held", "gpu_util", "cpu", "memory"]
+    date_hierarchy = "at"
+
+
+@admin.register(ModelVersion)
+class ModelVersionAdmin(_ReadOnly):
+    list_display = [
+        "created_at",
+        "kind",
+        "is_champion",
+        "chosen",
+        "validation_mae",
+        "persistence_mae",
+        "linear_mae",
+        "samples",
+        "training_seconds",
+    ]
+    list_filter = ["kind", "is_champion"]
+    date_hierarchy = "created_at"
+
+
+@admin.register(Forecast)
+class ForecastAdmin(_ReadOnly):
+    list_display = ["at", "value", "model", "version", "latency_ms", "reason"]
+    list_filter = ["model"]
+    date_hierarchy = "at"

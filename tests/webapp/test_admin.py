@@ -209,3 +209,10 @@ def test_the_admin_shows_a_jobs_result(admin_client, alice):
     )
     assert "2.0\xa0KB" in admin_client.get("/admin/jobs/job/").content.decode()
     assert "model.keras" in admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("model", ["metricsample", "modelversion", "forecast"])
+def test_the_predictors_records_are_listed_read_only(admin_client, model):
+    assert admin_client.get(f"/admin/jobs/{model}/").status_code == 200
+    assert admin_client.get(f"/admin/jobs/{model}/add/").status_code == 403
