@@ -1,6 +1,7 @@
 """python manage.py replay: tables, JSON and plots from a trace; a clear error for bad input.
 
-The traces written here are generated; the Tiresias one is the real file in ../shared/data."""
+The traces written here are generated; the Tiresias one is an excerpt of the real trace (the
+first 40 jobs, tests/replay/fixtures/README.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-TIRESIAS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "jobs" / "tiresias_60_jobs.csv"
+TIRESIAS = Path(__file__).resolve().parent / "fixtures" / "tiresias_first_40.csv"
 
 
 def replay(*args: str) -> str:
@@ -39,9 +40,9 @@ def test_json_for_machines(tmp_path):
     out = replay(str(TIRESIAS), "--format", "tiresias", "--gpus", "16", "--policy", "fifo,clockq", "--json")
     data = json.loads(out)
     assert [p["policy"] for p in data["policies"]] == ["fifo", "clockq"]
-    assert data["trace"]["jobs"] == 60
+    assert data["trace"]["jobs"] == 40
     fifo, clockq = data["policies"]
-    assert fifo["jobs"] == clockq["jobs"] == 60
+    assert fifo["jobs"] == clockq["jobs"] == 40
     assert 0 < clockq["gpu_utilisation"] <= 1
 
 
