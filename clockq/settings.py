@@ -160,6 +160,10 @@ LOGOUT_REDIRECT_URL = "login"
 # bytes of it (413 beyond). Forms and the admin keep Django's own limit.
 CLOCKQ_API_MAX_BODY_BYTES = env_int("CLOCKQ_API_MAX_BODY_BYTES", 256 * 1024, min_value=1024, max_value=64 * 2**20)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 2**20
+# A batch submit (`POST /api/jobs` with a JSON list) takes at most this many jobs, all or none.
+# The body limit above still applies: 256 KiB holds 500 plain jobs (about 120 bytes each), not
+# 500 with large params.
+CLOCKQ_API_MAX_BATCH = env_int("CLOCKQ_API_MAX_BATCH", 500, min_value=1, max_value=10_000)
 # HTTP basic auth on the API hashes a password on every request; it is off unless asked for, and
 # then throttled per address. Tokens (`manage.py createtoken`, or the API tokens page) and the
 # browser session are the documented ways in.

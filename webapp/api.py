@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db.models import Count
 from django.shortcuts import get_object_or_404
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -81,7 +82,11 @@ class OptionalBasicAuthScheme(OpenApiAuthenticationExtension):
 )
 @extend_schema(
     methods=["POST"],
-    summary="Submit a job",
+    summary="Submit a job, or a batch of jobs",
+    description="A JSON object submits one job. A JSON list of such objects (at most "
+    "`CLOCKQ_API_MAX_BATCH`) submits them all or none: the answer is a list of the jobs in order, "
+    'or a 400 naming each bad entry by its index (`{"errors": {"3": {...}}}`). The schema below '
+    "shows the single form.",
     request=JobSubmitSerializer,
     responses={
         201: JobSerializer,
@@ -94,6 +99,8 @@ class OptionalBasicAuthScheme(OpenApiAuthenticationExtension):
 @api_view(["GET", "POST"])
 def jobs(request):
     if request.method == "POST":
+        if isinstance(request.data, list):
+            return _submit_batch(request)
         return _submit(request)
     queryset = visible_jobs(request.user).order_by("-id")
     if state := request.query_params.get("state"):
@@ -109,24 +116,67 @@ def _submit(request):
     data = request.data
     if not isinstance(data, dict):
         raise ParseError("The body must be a JSON object.")
+    errors, form = _validate(data, request.user)
+    if errors is not None:
+        return Response(errors, status=400)
+    job = services.submit_job(owner=request.user, **form.submission())
+    return Response(
+        JobSerializer(Job.objects.select_related("tier", "original_tier", "owner").get(pk=job.pk)).data,
+        status=status.HTTP_201_CREATED,
+    )
+
+
+class _BatchEntryForm(JobSubmitForm):
+    """A batch's entries are checked one by one except for the quota, which
+    services.submit_jobs checks for the batch as a whole."""
+
+    def quota_owner(self):
+        return None
+
+
+def _validate(data: dict, user, form_class: type[JobSubmitForm] = JobSubmitForm):
+    """(errors, None) for refused input, else (None, the valid form)."""
     unknown = set(data) - SUBMIT_FIELDS
     if unknown:
-        return Response({"detail": f"unknown field(s): {', '.join(sorted(map(str, unknown)))[:200]}"}, status=400)
+        return {"detail": f"unknown field(s): {', '.join(sorted(map(str, unknown)))[:200]}"}, None
     wrong_type = {
         f: ["must be a string"]
         for f in ("name", "tier", "workload", "deadline")
         if data.get(f) is not None and not isinstance(data[f], str)
     }
     if wrong_type:
-        return Response(wrong_type, status=400)
-    form = JobSubmitForm(data, user=request.user)
+        return wrong_type, None
+    form = form_class(data, user=user)
     if not form.is_valid():
-        return Response(form.errors.get_json_data(), status=400)
-    job = services.submit_job(owner=request.user, **form.submission())
-    return Response(
-        JobSerializer(Job.objects.select_related("tier", "original_tier", "owner").get(pk=job.pk)).data,
-        status=status.HTTP_201_CREATED,
-    )
+        return form.errors.get_json_data(), None
+    return None, form
+
+
+def _submit_batch(request):
+    entries = request.data
+    limit = settings.CLOCKQ_API_MAX_BATCH
+    if not entries:
+        return Response({"detail": "The batch is empty; send at least one job."}, status=400)
+    if len(entries) > limit:
+        return Response(
+            {"detail": f"The batch has {len(entries)} jobs; at most {limit} are accepted at once."}, status=400
+        )
+    errors: dict[str, object] = {}
+    submissions = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            errors[str(index)] = {"detail": "must be a JSON object"}
+            continue
+        entry_errors, form = _validate(entry, request.user, _BatchEntryForm)
+        if entry_errors is not None:
+            errors[str(index)] = entry_errors
+        else:
+            submissions.append(form.submission())
+    if errors:
+        return Response({"detail": "Nothing was submitted: some entries are refused.", "errors": errors}, status=400)
+    created = services.submit_jobs(request.user, submissions)
+    stored = Job.objects.select_related("tier", "original_tier", "owner").in_bulk([job.pk for job in created])
+    return Response(JobSerializer([stored[job.pk] for job in created], many=True).data, status=status.HTTP_201_CREATED)
 
 
 @extend_schema(

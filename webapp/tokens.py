@@ -1,10 +1,11 @@
-"""API tokens: each user makes and revokes their own. Stored hashed (django-rest-knox), so a
+"""API tokens: each user makes, rotates and revokes their own. Stored hashed (django-rest-knox), so a
 token is shown once, when it is made, and the database never holds it in clear."""
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 from knox.models import AuthToken
@@ -35,3 +36,15 @@ def token_revoke(request, token_key: str):
     get_object_or_404(AuthToken, user=request.user, token_key=token_key).delete()
     messages.success(request, f"Token {token_key}… revoked.")
     return redirect("token-list")
+
+
+@login_required
+@require_POST
+def token_rotate(request, token_key: str):
+    """Replace a token in one step: the old one stops working and a new one is shown, once."""
+    with transaction.atomic():
+        old = get_object_or_404(AuthToken.objects.select_for_update(), user=request.user, token_key=token_key)
+        old.delete()
+        _instance, token = AuthToken.objects.create(user=request.user)  # the usual lifetime, from now
+    messages.success(request, f"Token {token_key}… revoked; the new one is below.")
+    return token_list(request, new_token=token)

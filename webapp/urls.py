@@ -27,6 +27,7 @@ urlpatterns = [
     path("account/tokens", tokens.token_list, name="token-list"),
     path("account/tokens/new", tokens.token_create, name="token-create"),
     path("account/tokens/<str:token_key>/revoke", tokens.token_revoke, name="token-revoke"),
+    path("account/tokens/<str:token_key>/rotate", tokens.token_rotate, name="token-rotate"),
     path("api/jobs", api.jobs, name="api-jobs"),
     path("api/jobs/<int:job_id>", api.job_detail, name="api-job"),
     path("api/jobs/<int:job_id>/cancel", api.job_cancel, name="api-job-cancel"),

@@ -44,13 +44,15 @@ def checkpoint_bytes_of(owner_id: int, *, excluding_job: int | None = None) -> i
     return KEPT_GENERATIONS * (totals["checkpoints"] or 0) + (totals["results"] or 0)
 
 
-def check_submit(user, declared_state_bytes: int = 0) -> None:
-    """Raise QuotaExceeded if `user` may not submit one more job now."""
+def check_submit(user, declared_state_bytes: int = 0, count: int = 1) -> None:
+    """Raise QuotaExceeded if `user` may not submit `count` more jobs now, together declaring
+    `declared_state_bytes` of state (a batch is checked as a whole, not job by job)."""
     limits = limits_of(user)
     active = Job.objects.filter(owner=user, state__in=ACTIVE).count()
-    if active >= limits.max_active_jobs:
+    if active + count > limits.max_active_jobs:
+        more = "" if count == 1 else f" and this batch would add {count}"
         raise QuotaExceeded(
-            f"quota: {user.get_username()} already has {active} queued, running or held jobs, "
+            f"quota: {user.get_username()} already has {active} queued, running or held jobs{more}, "
             f"the most allowed ({limits.max_active_jobs}); wait for some to finish, or ask an operator"
         )
     used = checkpoint_bytes_of(user.pk)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from clockq.bus import signals
@@ -40,45 +40,86 @@ def submit_job(
 
     While admission is closed (clockq/jobs/control.py) a non-RT job is accepted but stored
     `held`, marked held_for_admission, with no message: it is queued when admission reopens."""
-    tier = QueueTier.objects.get(code=tier_code)
+    submission = {
+        "name": name,
+        "tier_code": tier_code,
+        "workload": workload,
+        "params": params,
+        "deadline": deadline,
+        "gpu_mem_mib": gpu_mem_mib,
+    }
+    return submit_jobs(owner, [submission], actor)[0]
+
+
+def submit_jobs(owner, submissions: list[dict], actor: str | None = None) -> list[Job]:
+    """submit_job for several jobs at once, in one transaction: all are created or none. Each
+    submission holds submit_job's keyword arguments (JobSubmitForm.submission()). The quota is
+    checked for the batch as a whole (its job count and the sum of its declared state), so a
+    batch cannot slip past a limit that each job alone would pass. Returns the jobs in order."""
+    if not submissions:
+        return []
+    tiers = {t.code: t for t in QueueTier.objects.filter(code__in={s["tier_code"] for s in submissions})}
+    for sub in submissions:
+        if sub["tier_code"] not in tiers:
+            raise QueueTier.DoesNotExist(f"no tier {sub['tier_code']!r}")
     now = timezone.now()
     gate = control.admission()
-    admitted = admits(tier.code, gate.admission_open)
+    who = actor or owner.get_username()
+    declared = sum(workloads.declared_state_bytes(s["workload"], s["params"]) for s in submissions)
     with transaction.atomic():
         # One submit at a time per owner, so two at once cannot both slip under a quota.
         get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
-        quotas.check_submit(owner, workloads.declared_state_bytes(workload, params))
-        job = Job.objects.create(
-            owner=owner,
-            name=name,
-            tier=tier,
-            original_tier=tier,
-            workload=workload,
-            params=params,
-            gpu_mem_mib=gpu_mem_mib,
-            deadline=deadline,
-            state=S.QUEUED if admitted else S.HELD,
-            enqueued_at=now if admitted else None,
-            dispatched_at=now if admitted else None,
-            held_for_admission=not admitted,
-        )
-        reason = f"submitted to {tier.code}"
-        if not admitted:
-            reason += f"; held: {control.closed_note(gate)}; it is queued when admission reopens"
-        JobEvent.objects.create(
-            job=job,
-            from_state="",
-            to_state=job.state,
-            reason=reason,
-            actor=actor or owner.get_username(),
-        )
-        if admitted:
-            transaction.on_commit(lambda: publish_dispatch(job.pk, job.dispatch_token, tier.queue_name))
+        quotas.check_submit(owner, declared, count=len(submissions))
+        jobs: list[Job] = []
+        reasons: list[str] = []
+        for sub in submissions:
+            tier = tiers[sub["tier_code"]]
+            admitted = admits(tier.code, gate.admission_open)
+            jobs.append(
+                Job(
+                    owner=owner,
+                    name=sub["name"],
+                    tier=tier,
+                    original_tier=tier,
+                    workload=sub["workload"],
+                    params=sub["params"],
+                    gpu_mem_mib=sub.get("gpu_mem_mib"),
+                    deadline=sub.get("deadline"),
+                    state=S.QUEUED if admitted else S.HELD,
+                    enqueued_at=now if admitted else None,
+                    dispatched_at=now if admitted else None,
+                    held_for_admission=not admitted,
+                )
+            )
+            reason = f"submitted to {tier.code}"
+            if not admitted:
+                reason += f"; held: {control.closed_note(gate)}; it is queued when admission reopens"
+            reasons.append(reason)
+        if len(jobs) > 1 and connection.features.can_return_rows_from_bulk_insert:
+            created = Job.objects.bulk_create(jobs)  # one INSERT; the ids come back
         else:
+            for job in jobs:
+                job.save(force_insert=True)
+            created = jobs
+        JobEvent.objects.bulk_create(
+            JobEvent(job=job, from_state="", to_state=job.state, reason=reason, actor=who)
+            for job, reason in zip(created, reasons, strict=True)
+        )
+        any_held = False
+        for job in created:
+            if job.held_for_admission:
+                any_held = True
+            else:
+                _dispatch_on_commit(job, job.tier.queue_name)
+        if any_held:
             # Admission may have reopened between our read and this commit, its release sweep
-            # running before this job existed: look again once it is committed.
+            # running before these jobs existed: look again once they are committed.
             transaction.on_commit(control.release_if_open)
-    return job
+    return created
+
+
+def _dispatch_on_commit(job: Job, queue_name: str) -> None:
+    transaction.on_commit(lambda: publish_dispatch(job.pk, job.dispatch_token, queue_name))
 
 
 def cancel_job(job: Job, actor: str) -> Job:
