@@ -67,10 +67,14 @@ class PriorityReplay(Replay):
                     self._head_rank = rank
                     return job
                 queue.popleft()
+                self.dropped_stale(rank)
         return None
 
     def pop_head(self) -> SimJob:
         return self.queues[self._head_rank].popleft()[0]
+
+    def dropped_stale(self, rank: int) -> None:
+        """The entry of a job that left the queue from the middle reached the head and went."""
 
 
 class LasReplay(Replay):

@@ -30,7 +30,8 @@ from collections import deque
 from enum import IntEnum
 
 from clockq.policy import promotion, slicing
-from clockq.replay.engine import EPS, Config, Ev, Replay, SimJob, St, next_grid
+from clockq.replay.baselines import PriorityReplay
+from clockq.replay.engine import EPS, Config, Ev, SimJob, St, next_grid
 from clockq.replay.model import Trace
 
 
@@ -45,13 +46,14 @@ _PROMOTION_TICK = 1
 _BATCH_CHANCE = 2
 
 
-class ClockqReplay(Replay):
+class ClockqReplay(PriorityReplay):
+    """Plain priority's five queues (Celery's), plus slices, preemption and promotion."""
+
     name = "clockq"
 
     def __init__(self, trace: Trace, config: Config):
         super().__init__(trace, config)
-        ranks = max(self.tier_by_rank) + 1
-        self.queues: list[deque[tuple[SimJob, int]]] = [deque() for _ in range(ranks)]
+        ranks = len(self.queues)
         self.stale = [0] * ranks  # entries of jobs that left a queue other than by its head
         self.waiting_by_rank = [0] * ranks  # what the worker reads from the broker
         self.rt_demand = 0  # GPUs wanted by waiting jobs of rank 0
@@ -59,7 +61,6 @@ class ClockqReplay(Replay):
         self.victims: list[SimJob] = []  # running jobs an RT job may cut short (rank > 0)
         self.victim_pos: dict[int, int] = {}
         self.rng = random.Random(config.seed)
-        self._head_rank = 0
         self.tick_s = config.promotion_tick_s
         self.chance_every_s = config.batch_chance_every_s
         self.rules = {t.code: promotion.TierRule(t.code, t.promote_after_rounds, t.promote_to) for t in self.tiers}
@@ -72,7 +73,7 @@ class ClockqReplay(Replay):
     # --- the five queues ----------------------------------------------------------------------
 
     def enqueue(self, job: SimJob) -> None:
-        self.queues[job.rank].append((job, job.qseq))
+        super().enqueue(job)
         self._counted(job, +1)
         if job.rank == job.home_rank:
             if job.rank in self.promotable:
@@ -85,19 +86,11 @@ class ClockqReplay(Replay):
         if job.rank == 0:
             self.rt_demand += delta * job.t.num_gpu
 
-    def head(self) -> SimJob | None:
-        for rank, queue in enumerate(self.queues):
-            while queue:
-                job, seq = queue[0]
-                if job.qseq == seq and job.state == St.WAITING:
-                    self._head_rank = rank
-                    return job
-                queue.popleft()
-                self.stale[rank] = max(self.stale[rank] - 1, 0)
-        return None
+    def dropped_stale(self, rank: int) -> None:
+        self.stale[rank] = max(self.stale[rank] - 1, 0)
 
     def pop_head(self) -> SimJob:
-        job = self.queues[self._head_rank].popleft()[0]
+        job = super().pop_head()
         self._counted(job, -1)
         return job
 
