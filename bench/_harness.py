@@ -341,3 +341,26 @@ def start_gpu_worker(index: int, count: int, env: dict[str, str], work: Path, ti
         worker.stop()
         raise
     return worker
+
+
+def start_gunicorn(q: PrivateClockq, workers: int = 2, threads: int = 4) -> tuple[Service, str]:
+    """The web app under gunicorn on a free port of this private clockq; returns it and its URL
+    once /healthz answers."""
+    import requests
+
+    port = free_port()
+    argv = [sys.executable, "-m", "gunicorn", "clockq.wsgi:application", "--bind", f"127.0.0.1:{port}"]
+    argv += ["--workers", str(workers), "--threads", str(threads)]
+    service = Service("gunicorn", argv, q.env, ROOT, q.work / "gunicorn.log")
+    q.services.append(service.start())
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        service.check_alive()
+        try:
+            return requests.get(f"{url}/healthz", timeout=5).status_code < 600
+        except requests.ConnectionError:
+            return False
+
+    wait_for(answers, 60, "gunicorn to answer", interval=0.2)
+    return service, url

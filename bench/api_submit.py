@@ -43,24 +43,6 @@ USER, PASSWORD = "bench", "bench-password-not-secret"
 JOB = {"name": "bench", "tier": "BK", "workload": "synthetic", "params": {"steps": 1}}
 
 
-def start_gunicorn(q: h.PrivateClockq) -> str:
-    port = h.free_port()
-    argv = [sys.executable, "-m", "gunicorn", "clockq.wsgi:application", "--bind", f"127.0.0.1:{port}"]
-    service = h.Service("gunicorn", [*argv, "--workers", "2", "--threads", "4"], q.env, h.ROOT, q.work / "gunicorn.log")
-    q.services.append(service.start())
-    url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        service.check_alive()
-        try:
-            return requests.get(f"{url}/healthz", timeout=5).status_code < 600
-        except requests.ConnectionError:
-            return False
-
-    h.wait_for(answers, 60, "gunicorn to answer", interval=0.2)
-    return url
-
-
 def make_user_and_token() -> str:
     from django.contrib.auth import get_user_model
     from knox.models import AuthToken
@@ -114,7 +96,7 @@ def run(args) -> dict:
             settings["DATABASE_URL"] = stack.enter_context(postgres_cluster())
         q = stack.enter_context(h.private_clockq("clockq-bench-api-", **settings))
         token = make_user_and_token()
-        url = start_gunicorn(q)
+        _service, url = h.start_gunicorn(q)
         token_h = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
         one = json.dumps(JOB)
         batch = json.dumps([JOB] * args.batch)

@@ -275,24 +275,6 @@ def analyze() -> None:
 # --- timing ---------------------------------------------------------------------------------------
 
 
-def start_gunicorn(q: h.PrivateClockq) -> tuple[h.Service, str]:
-    port = h.free_port()
-    argv = [sys.executable, "-m", "gunicorn", "clockq.wsgi:application", "--bind", f"127.0.0.1:{port}"]
-    service = h.Service("gunicorn", [*argv, "--workers", "2", "--threads", "4"], q.env, h.ROOT, q.work / "gunicorn.log")
-    q.services.append(service.start())
-    url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        service.check_alive()
-        try:
-            return requests.get(f"{url}/healthz", timeout=5).status_code < 600
-        except requests.ConnectionError:
-            return False
-
-    h.wait_for(answers, 60, "gunicorn to answer", interval=0.2)
-    return service, url
-
-
 def p95(values: list[float]) -> float:
     return h.percentile(sorted(values), 95)
 
@@ -412,7 +394,7 @@ def run_one(db: str, n_jobs: int, n_slices: int, rounds: int) -> dict:
             t0 = time.perf_counter()
             kpis.series(timezone.now() - DAY, timezone.now())
             series_ms.append((time.perf_counter() - t0) * 1000)
-        _service, url = start_gunicorn(q)
+        _service, url = h.start_gunicorn(q)
         from django.contrib.auth.models import User
 
         _instance, api_token = AuthToken.objects.create(user=User.objects.get(username="bench"))
