@@ -323,6 +323,13 @@ CLOCKQ_LEASE_S = env_float("CLOCKQ_LEASE_S", 20.0, min_value=1.0, max_value=3600
 # Slices are never so short that switching costs more than this share of the GPU.
 CLOCKQ_OVERHEAD_BUDGET = env_float("CLOCKQ_OVERHEAD_BUDGET", 0.05, min_value=0.0, max_value=1.0)
 CLOCKQ_MAX_SLICE_MS = env_int("CLOCKQ_MAX_SLICE_MS", 5000, min_value=1, max_value=3_600_000)
+# Snapshot, then persist: a checkpoint is copied into host memory (the snapshot) and the GPU goes
+# to the next job; a background thread writes it. Snapshots in flight hold at most this much host
+# memory per worker; past it, the next checkpoint is written before the GPU is handed over.
+CLOCKQ_SNAPSHOT_MEMORY_MB = env_int("CLOCKQ_SNAPSHOT_MEMORY_MB", 1024, min_value=0)
+# A worker that claims a job whose newest checkpoint is still being written elsewhere waits this
+# long for it, then falls back to the generation before it (the writer died, or is very slow).
+CLOCKQ_PERSIST_WAIT_S = env_float("CLOCKQ_PERSIST_WAIT_S", 30.0, min_value=0.0, max_value=3600.0)
 # Warm resume: live workloads a worker keeps after yielding them, bounded by count and state size.
 CLOCKQ_WARM_CACHE_JOBS = env_int("CLOCKQ_WARM_CACHE_JOBS", 2, min_value=0, max_value=64)
 CLOCKQ_WARM_CACHE_MB = env_int("CLOCKQ_WARM_CACHE_MB", 512, min_value=0)

@@ -256,6 +256,7 @@ class JobAdmin(admin.ModelAdmin):
         "run_ms",
         "slice_count",
         "checkpoint_generation",
+        "checkpoint_files",
         "dispatch_token",
         "dispatched_at",
         "worker",

@@ -13,6 +13,7 @@ from clockq.jobs.models import Job, Slice
 from clockq.jobs.transitions import transition
 from clockq.policy.slicing import SliceOutcome
 from clockq.policy.states import JobState
+from workers.checkpoints import generation_of
 
 log = logging.getLogger("clockq.reaper")
 
@@ -25,12 +26,13 @@ def reap_expired_leases() -> int:
         "dispatch_token",
         "worker",
         "slice_started_at",
-        "checkpoint_generation",
+        "checkpoint_files",
         "lease_expires_at",
         "original_tier__code",
     )
     reaped = 0
-    for job_id, token, worker, slice_started_at, generation, lease_expired_at, tier in expired:
+    for job_id, token, worker, slice_started_at, files, lease_expired_at, tier in expired:
+        generation = _newest_generation(files)
         with transaction.atomic():
             # The new token makes anything the lost worker still sends stale: a late slice end,
             # a late completion or its re-delivered message all fail their compare-and-set.
@@ -62,6 +64,16 @@ def reap_expired_leases() -> int:
     if reaped:
         log.warning("took back %s job(s) whose worker lease expired", reaped)
     return reaped
+
+
+def _newest_generation(files) -> int | str:
+    """What the job resumes from, as its history says: the generation the database names."""
+    if not files:
+        return 0
+    try:
+        return generation_of(files[0])
+    except (TypeError, ValueError):
+        return repr(files[0])
 
 
 def _gpu_of(worker: str) -> int:

@@ -11,17 +11,19 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from django.conf import settings
+from django.db import close_old_connections
 from redis import RedisError
 
 from clockq.bus import heartbeat, signals
 from clockq.bus.client import client
 from clockq.bus.gpu_samples import Publisher
-from clockq.jobs.models import QueueTier
+from clockq.jobs.models import Job, JobEvent, QueueTier
 from clockq.jobs.results import ResultStore
 from clockq.policy.slicing import ewma
 from workers import shutdown
-from workers.checkpoints import CheckpointStore
+from workers.checkpoints import CheckpointStore, StorageError, generation_of
 from workers.lease import LeaseKeeper
+from workers.persister import Persist, Persister, SnapshotMemory
 from workers.probes import NvmlProbe, SimulatedProbe, make_probe
 from workers.sampler import SliceSampler
 from workers.warm_cache import WarmCache
@@ -97,6 +99,10 @@ class Runtime:
         self.store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
         self.results = ResultStore(settings.CLOCKQ_CHECKPOINT_DIR)
         self.tiers = TierCache()
+        self.snapshots = SnapshotMemory(settings.CLOCKQ_SNAPSHOT_MEMORY_MB * 2**20)
+        self.persister = Persister(
+            self.store, self.snapshots, on_failure=self.persist_failed, on_written=self.storage_works
+        )
         self.warm = WarmCache(settings.CLOCKQ_WARM_CACHE_MB * 2**20, settings.CLOCKQ_WARM_CACHE_JOBS)
         # The part of a switch on this worker that is not the jobs' own checkpoint and restore:
         # requeue, message hop, claim. Measured as GPU idle time between two jobs' steps.
@@ -119,6 +125,33 @@ class Runtime:
             )
         except RedisError as exc:
             log.warning("could not report %s degraded: %s", self.identity.hostname, exc)
+
+    def persist_failed(self, persist: Persist, exc: StorageError) -> None:
+        """A checkpoint the database already names could not be written (in the background, after
+        the job left this GPU). The job resumes from the generation before it; its history says
+        why, and the name is taken off the job if no one has moved on since, so that the next
+        claim does not wait for a file that will never come."""
+        self.storage_failed(str(exc))
+        job_id, name = persist.job_id, persist.name
+        previous = persist.keep[1] if len(persist.keep) > 1 else None
+        try:
+            Job.objects.filter(pk=job_id, checkpoint_files=list(persist.keep)).update(
+                checkpoint_files=list(persist.keep[1:])
+            )
+            state = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
+            if state is None:
+                return
+            then = f"resumes from generation {generation_of(previous)}" if previous else "starts again"
+            JobEvent.objects.create(
+                job_id=job_id,
+                from_state=state,
+                to_state=state,
+                reason=f"checkpoint generation {generation_of(name)} was lost: writing it failed ({exc}); "
+                f"the job {then}"[:2000],
+                actor=self.identity.hostname,
+            )
+        finally:
+            close_old_connections()  # this runs in the persist thread, which keeps no connection
 
     def back_off(self) -> None:
         """Wait before taking the next job, longer after each storage failure, so a worker with a
@@ -198,3 +231,8 @@ def for_worker(hostname: str) -> Runtime:
         if _runtime is None or _runtime.identity.hostname != hostname:
             _runtime = Runtime(WorkerIdentity.from_env(hostname))
         return _runtime
+
+
+def current() -> Runtime | None:
+    """This process's runtime if it has one (not built just to ask)."""
+    return _runtime

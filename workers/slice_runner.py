@@ -7,6 +7,7 @@ and goes back to the tail of its tier's queue. Every database write is a compare
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import time
@@ -47,8 +48,9 @@ from clockq.policy.slicing import (
     waiting_ahead,
 )
 from clockq.policy.states import JobState
-from workers.checkpoints import StorageError
+from workers.checkpoints import KEEP_GENERATIONS, StorageError, checkpoint_name, generation_of
 from workers.lease import lease_until
+from workers.persister import Persist, Snapshot
 from workers.runtime import Runtime, TierInfo
 from workers.workloads import registry
 from workers.workloads.base import JobRefused, RunContext, Workload
@@ -56,6 +58,8 @@ from workers.workloads.base import JobRefused, RunContext, Workload
 log = logging.getLogger("clockq.slices")
 
 RUNNING = JobState.RUNNING
+# Errors of the storage itself (full, over quota, read-only, failing), whoever's write met them.
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 LISTEN_TIMEOUT_S = 2.0  # how long a fresh worker waits for its signal subscription before a claim
 
 
@@ -87,7 +91,8 @@ class ClaimedJob:
     params: dict[str, Any]
     deadline: datetime | None
     progress: float
-    checkpoint_generation: int
+    checkpoint_generation: int  # the highest ever named
+    checkpoint_files: list[str]  # what to restore from, newest first
     checkpoint_bytes: int
     util_ewma: float | None
     switch_cost_ms: float | None
@@ -103,6 +108,7 @@ class ClaimedJob:
         "deadline",
         "progress",
         "checkpoint_generation",
+        "checkpoint_files",
         "checkpoint_bytes",
         "util_ewma",
         "switch_cost_ms",
@@ -161,6 +167,9 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
     if job is None:
         return RunOutcome.STALE
     outcome = JobRun(job, runtime, claim_ms=(time.perf_counter() - t0) * 1000).run()
+    if runtime.shutting_down():
+        # A stopping worker writes what it snapshotted before it exits.
+        runtime.persister.flush()
     if outcome == RunOutcome.STORAGE_FAULT:
         runtime.back_off()
     return outcome
@@ -263,13 +272,16 @@ class JobRun:
         # A promoted job runs one slice in the higher tier, then returns to its own (home) tier.
         self.home: TierInfo = runtime.tiers.get(job.original_tier_id)
         self.returning_from: TierInfo | None = None  # set until the return is written
+        # Checkpoint generations are numbered from the highest ever named, and never reused: not
+        # after a fallback, not after a rollback (workers/checkpoints.py).
         self.generation = job.checkpoint_generation
+        self.files: list[str] = list(job.checkpoint_files or [])  # restore candidates, newest first
         self.checkpoint_bytes = job.checkpoint_bytes  # size of the newest checkpoint
         self.progress = job.progress
         self.util_ewma = job.util_ewma
         self.switch_cost_ms = job.switch_cost_ms
         # What the database holds as the last good checkpoint; a failure rolls back to it.
-        self.saved_generation = self.generation
+        self.saved_files = list(self.files)
         self.saved_progress = self.progress
         self.saved_checkpoint_bytes = self.checkpoint_bytes
         self.last_checkpoint_at = time.monotonic()
@@ -279,6 +291,7 @@ class JobRun:
         self.last_step: int | None = None
         self.claim_ms = claim_ms
         self.restore_ms = 0.0
+        self.unpersisted: Snapshot | None = None  # a snapshot taken, until its name commits
 
     def run(self) -> RunOutcome:
         self.runtime.leases.hold(self.job_id, self.token)
@@ -309,12 +322,13 @@ class JobRun:
         except (QuotaExceeded, JobRefused, ResultError) as exc:
             return self._fail_at_once(exc, record)
         finally:
+            self._discard_snapshot()  # taken but never named: the run ended before its update
             self.runtime.leases.release()
             self.runtime.probe_load(None)
             self.runtime.interrupts.clear(self.job_id)
             if workload is not None:
-                if keep_warm:
-                    self.runtime.warm.put(self.job_id, self.generation, workload, record.checkpoint_bytes)
+                if keep_warm and self.files:
+                    self.runtime.warm.put(self.job_id, self.files[0], workload, self.checkpoint_bytes)
                 else:
                     self.runtime.warm.drop(self.job_id)
                     _close(workload, self.job_id)
@@ -333,35 +347,52 @@ class JobRun:
         return SliceRecord(timezone.now(), plan)
 
     def _restore(self) -> Workload:
-        warm = self.runtime.warm.take(self.job_id, self.generation) if self.generation else None
+        current = self.files[0] if self.files else None
+        warm = self.runtime.warm.take(self.job_id, current) if current else None
         if warm is not None:
-            return warm  # the same job came back to this worker at the same generation
+            return warm  # the same job came back to this worker, still at the checkpoint it left
         work_dir = self.runtime.store.work_dir(self.job_id)
         with workload_errors():
             workload = registry.create(self.job.workload, self.job.params)
             workload.setup(
                 RunContext(self.job_id, self.runtime.identity.gpu_index, work_dir, settings.CLOCKQ_CACHE_DIR)
             )
-        if self.generation:
+        if current:
             try:
-                restored = self.runtime.store.restore(self.job_id, self.generation)
+                state = self._read_checkpoint(current)
             except StorageError:
                 _close(workload, self.job_id)
                 raise
-            if restored.generation != self.generation:
-                fallback = (
-                    f"restored generation {restored.generation}"
-                    if restored.state is not None
-                    else "no good checkpoint left, restarting from the beginning"
-                )
-                self._note(
-                    f"checkpoint generation {self.generation} unusable ({'; '.join(restored.skipped)}); {fallback}"
-                )
-                self.generation = self.saved_generation = restored.generation
-            if restored.state is not None:
+            if state is not None:
                 with workload_errors():
-                    workload.load_state_dict(restored.state)
+                    workload.load_state_dict(state)
         return workload
+
+    def _read_checkpoint(self, current: str) -> bytes | None:
+        """The state the database names, or the newest good one before it (saying why)."""
+        state = self.runtime.persister.pending(self.job_id, current)
+        if state is not None:
+            return state  # this worker took the snapshot and has yet to write it
+        names = [name for name in self.files if _is_name(name)]
+        restored = self.runtime.store.restore(self.job_id, names, wait_s=settings.CLOCKQ_PERSIST_WAIT_S)
+        if restored.name == current:
+            return restored.state
+        bad = [name for name in self.files if name not in names]
+        reasons = list(restored.skipped) + [f"{name!r} is not a checkpoint name" for name in bad]
+        fallback = (
+            f"restored generation {restored.generation}"
+            if restored.name
+            else "no good checkpoint left, restarting from the beginning"
+        )
+        self._note(f"checkpoint generation {_generation(current)} unusable ({'; '.join(reasons)}); {fallback}")
+        kept = self.files[self.files.index(restored.name) :] if restored.name else []
+        # Take the unusable ones off the job now, so the next claim does not wait for them too.
+        if not Job.objects.filter(pk=self.job_id, state=RUNNING, dispatch_token=self.token).update(
+            checkpoint_files=kept
+        ):
+            raise LostOwnership("job changed under this worker")
+        self.files = self.saved_files = kept
+        return restored.state
 
     def _run_slice(self, workload: Workload, record: SliceRecord) -> bool:
         interrupts, rank = self.runtime.interrupts, self.tier.rank
@@ -453,6 +484,7 @@ class JobRun:
             extra["finished_at"] = timezone.now()
         record.preempted = record.cut_short and action == BoundaryAction.YIELD
         self._end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
+        self._persist()
         if target == JobState.QUEUED:
             self.runtime.last_yield = (record.compute_end, record.checkpoint_ms)
         return outcome
@@ -463,9 +495,18 @@ class JobRun:
         resumes from its last checkpoint and finishes (and stores its result) again."""
         try:
             staged = self.runtime.results.staging(self.job_id)
-            with workload_errors():
-                workload.write_result(staged)
-            return self.runtime.results.store(self.job_id, staged)
+            try:
+                with workload_errors():
+                    workload.write_result(staged)
+            except SliceFailed as exc:
+                # The staging folder is on the checkpoint storage: a full or failing disk there is
+                # the storage's fault, not the job's, whoever's code hit it.
+                if isinstance(exc.__cause__, OSError) and exc.__cause__.errno in _STORAGE_ERRNOS:
+                    raise StorageError(f"writing the result of job {self.job_id}: {exc.__cause__}") from exc
+                raise
+            manifest = self.runtime.results.store(self.job_id, staged)
+            self.runtime.storage_works()
+            return manifest
         except ResultStorageError as exc:
             raise StorageError(str(exc)) from exc
 
@@ -536,23 +577,54 @@ class JobRun:
             # The next slice starts where this one ends, so a slice lost later never overlaps it.
             self._save_slice(record, SliceOutcome.CONTINUED, ended_at=now)
         if checkpointed:
-            self.saved_generation, self.saved_progress = self.generation, self.progress
+            self._persist()
+            self.saved_files, self.saved_progress = list(self.files), self.progress
             self.saved_checkpoint_bytes = self.checkpoint_bytes
 
     def _checkpoint(self, workload: Workload, record: SliceRecord) -> None:
+        """Snapshot the state into host memory and name the next generation. The caller's
+        ownership-checked update then names it on the job, and only after that commits is it
+        written, in the background (`_persist`): the GPU does not wait for the disk."""
         t0 = time.perf_counter()
         with workload_errors():
-            state = workload.state_dict()
-        if len(state) > self.checkpoint_bytes:
+            state = workload.snapshot()
+            chunks = [state] if isinstance(state, bytes | bytearray | memoryview) else list(state)
+            nbytes = sum(memoryview(c).nbytes for c in chunks)
+        if nbytes > self.checkpoint_bytes:
             # The state grew (or this is the first checkpoint): does the owner have room for it?
-            quotas.check_checkpoint(self.job_id, self.job.owner_id, len(state))
-        # Outside workload_errors: a storage failure raises StorageError, which is not the job's.
-        record.checkpoint_bytes = self.runtime.store.write(self.job_id, self.generation + 1, state)
-        self.checkpoint_bytes = len(state)
-        self.runtime.storage_works()
+            quotas.check_checkpoint(self.job_id, self.job.owner_id, nbytes)
+        name = checkpoint_name(self.generation + 1, self.token)
+        # This job's previous generation is durable before this one is named, so a worker that
+        # dies with this one in flight loses only this one.
+        durable = self.runtime.persister.settle(self.job_id)
+        snapshot = self.runtime.snapshots.take(state) if durable else None
+        if snapshot is None:
+            # Over the snapshot memory bound, or the previous persist failed: write it now.
+            # Outside workload_errors: a storage failure raises StorageError, not the job's.
+            self.runtime.store.write(self.job_id, name, state)
+            self.runtime.storage_works()
+        self.unpersisted = snapshot
+        record.checkpoint_bytes = nbytes
         record.checkpoint_ms = (time.perf_counter() - t0) * 1000
         self.generation += 1
+        self.files = [name, *self.files][:KEEP_GENERATIONS]
+        self.checkpoint_bytes = nbytes
         self.last_checkpoint_at = time.monotonic()
+
+    def _persist(self) -> None:
+        """The update naming the new checkpoint committed: write it, or, if it was written
+        before the update, prune what it replaces."""
+        snapshot, self.unpersisted = self.unpersisted, None
+        if snapshot is not None:
+            self.runtime.persister.submit(Persist(self.job_id, self.files[0], snapshot, tuple(self.files)))
+        else:
+            self.runtime.store.prune(self.job_id, self.files)
+
+    def _discard_snapshot(self) -> None:
+        """The checkpoint was never named (the job was lost or rolled back): free its memory."""
+        snapshot, self.unpersisted = self.unpersisted, None
+        if snapshot is not None:
+            self.runtime.snapshots.release(snapshot)
 
     def _progress_fields(self, record: SliceRecord) -> dict[str, Any]:
         fields = {
@@ -560,6 +632,7 @@ class JobRun:
             "run_ms": F("run_ms") + int(record.used_ms),
             "slice_count": F("slice_count") + 1,
             "checkpoint_generation": self.generation,
+            "checkpoint_files": self.files,
             "checkpoint_bytes": self.checkpoint_bytes,
             "util_ewma": self.util_ewma,
         }
@@ -640,7 +713,7 @@ class JobRun:
         reason = (
             f"failed {failures} time(s), over the retry limit of {limit}: {exc!r}"
             if give_up
-            else f"rolled back to checkpoint generation {self.saved_generation} after {exc!r}; "
+            else f"rolled back to checkpoint generation {self._saved_generation()} after {exc!r}; "
             f"retry {failures} of {limit}"
         )
         self._roll_back()
@@ -660,7 +733,7 @@ class JobRun:
         self._roll_back()
         reason = (
             f"checkpoint storage failed ({exc}); not counted against the job, "
-            f"back in the queue from checkpoint generation {self.saved_generation}"
+            f"back in the queue from checkpoint generation {self._saved_generation()}"
         )
         try:
             self._end(record, SliceOutcome.FAULT, JobState.QUEUED, reason[:1000], {})
@@ -674,8 +747,13 @@ class JobRun:
         promoted job had its slice, good or not, and goes back to its own tier."""
         self._return_home()
         self.curves, self.curves_changed = None, False  # its metric points go with its work
-        self.generation, self.progress = self.saved_generation, self.saved_progress
+        # Back to the files the database names; the generation number stays, never reused.
+        self._discard_snapshot()
+        self.files, self.progress = list(self.saved_files), self.saved_progress
         self.checkpoint_bytes = self.saved_checkpoint_bytes
+
+    def _saved_generation(self) -> int | str:
+        return _generation(self.saved_files[0]) if self.saved_files else 0
 
     def _fail_at_once(self, exc: Exception, record: SliceRecord) -> RunOutcome:
         """The job cannot run as things are: its state outgrew its owner's storage quota, or this
@@ -710,3 +788,15 @@ def _close(workload: Workload, job_id: int) -> None:
         workload.close()
     except Exception:
         log.exception("job %s: workload close failed", job_id)
+
+
+def _is_name(name: object) -> bool:
+    try:
+        generation_of(name)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _generation(name: object) -> int | str:
+    return generation_of(name) if _is_name(name) else repr(name)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import re
 
 import redis
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import worker_process_shutdown, worker_ready
 
 from clockq.bus.dispatch import RUN_SLICE_TASK
 from clockq.jobs import kpis, load_history, promotion, scale_hook, service_levels
@@ -114,3 +114,16 @@ def _start_heartbeat(sender=None, **_kwargs) -> None:
         return
     probe = make_probe(identity.gpu_index, identity.simulated, identity.memory_total_mib)
     heartbeat.start(hostname, identity.gpu_index, probe)
+
+
+PERSIST_FLUSH_TIMEOUT_S = 120.0
+
+
+@worker_process_shutdown.connect
+def _flush_persists(**_kwargs) -> None:
+    """A pool child exiting writes the checkpoints it snapshotted but has not written yet. (A
+    task that sees the stop request flushes already; this covers a child stopped between tasks.)"""
+    current = runtime.current()
+    if current is not None and not current.persister.flush(timeout=PERSIST_FLUSH_TIMEOUT_S):
+        unwritten = current.persister.in_flight()
+        log.error("%s: exiting with %s checkpoint(s) not written", current.identity.hostname, unwritten)

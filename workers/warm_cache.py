@@ -1,9 +1,14 @@
 """Warm resume: keep the live workloads this worker last yielded, within a memory bound.
 
-When the same job comes back to the same worker at the same checkpoint generation, its
-workload object is still here, so the worker skips reading, verifying and loading the
-checkpoint (and, for Keras, rebuilding the model). The durable checkpoint is still written at
-every yield, because any worker may take the job next.
+When the same job comes back to the same worker and the database still names the checkpoint this
+worker yielded it at, its workload object is still here, so the worker skips reading, verifying
+and loading the checkpoint (and, for Keras, rebuilding the model). The durable checkpoint is
+still written at every yield, because any worker may take the job next.
+
+Entries are keyed by the checkpoint's file name, which carries its generation and the claim that
+wrote it (workers/checkpoints.py). Names are never reused, so an entry can only match the very
+checkpoint it was saved at: not one of the same number written after a fallback, nor one written
+by another claim.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ log = logging.getLogger("clockq.warm")
 
 @dataclass
 class _Entry:
-    generation: int
+    checkpoint: str
     workload: Workload
     nbytes: int
 
@@ -30,22 +35,22 @@ class WarmCache:
         self.max_jobs = max_jobs
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
 
-    def put(self, job_id: int, generation: int, workload: Workload, nbytes: int) -> None:
+    def put(self, job_id: int, checkpoint: str, workload: Workload, nbytes: int) -> None:
         self.drop(job_id)
         if self.max_jobs <= 0 or nbytes > self.max_bytes:
             _close(workload)
             return
-        self._entries[job_id] = _Entry(generation, workload, nbytes)
+        self._entries[job_id] = _Entry(checkpoint, workload, nbytes)
         while len(self._entries) > self.max_jobs or sum(e.nbytes for e in self._entries.values()) > self.max_bytes:
             _job, oldest = self._entries.popitem(last=False)
             _close(oldest.workload)
 
-    def take(self, job_id: int, generation: int) -> Workload | None:
-        """The cached workload if it is exactly at `generation`; a stale entry is dropped."""
+    def take(self, job_id: int, checkpoint: str) -> Workload | None:
+        """The cached workload if it is exactly at `checkpoint`; a stale entry is dropped."""
         entry = self._entries.pop(job_id, None)
         if entry is None:
             return None
-        if entry.generation != generation:
+        if entry.checkpoint != checkpoint:
             _close(entry.workload)
             return None
         return entry.workload

@@ -122,7 +122,11 @@ class Job(models.Model):
     run_ms = models.BigIntegerField(default=0)
 
     slice_count = models.PositiveIntegerField(default=0)
+    # The highest checkpoint generation ever named; numbers only grow, so a name is never reused.
     checkpoint_generation = models.PositiveIntegerField(default=0)
+    # The checkpoint files the job restores from, newest first (workers/checkpoints.py): a file
+    # becomes current only when the ownership-checked update of its worker names it here.
+    checkpoint_files = models.JSONField(default=list, blank=True)
     # Size of the newest checkpoint; the store keeps two generations, so the job holds about
     # twice this on disk until retention deletes its checkpoints (then 0).
     checkpoint_bytes = models.PositiveBigIntegerField(default=0)

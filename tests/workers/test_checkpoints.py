@@ -1,8 +1,18 @@
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from workers.checkpoints import MAGIC, CheckpointError, CheckpointStore, StorageError
+from workers.checkpoints import MAGIC, CheckpointError, CheckpointStore, StorageError, checkpoint_name
+
+CLAIM = "c" * 32
+OTHER_CLAIM = "d" * 32
+
+
+def gen(n: int, claim: str = CLAIM) -> str:
+    return checkpoint_name(n, claim)
 
 
 @pytest.fixture
@@ -10,20 +20,46 @@ def store(tmp_path):
     return CheckpointStore(tmp_path)
 
 
-def test_a_written_generation_reads_back_verified(store):
-    store.write(7, 1, b"hello")
-    assert store.read(7, 1) == b"hello"
+def test_a_written_checkpoint_reads_back_verified(store):
+    store.write(7, gen(1), b"hello")
+    assert store.read(7, gen(1)) == b"hello"
 
 
-def test_only_the_last_two_generations_are_kept(store):
-    for gen in range(1, 5):
-        store.write(7, gen, bytes([gen]) * 10)
-    assert sorted(p.name for p in store.job_dir(7).glob("*.ckpt")) == ["gen-00000003.ckpt", "gen-00000004.ckpt"]
+def test_chunks_are_written_as_one_payload(store):
+    store.write(7, gen(1), [b"he", bytearray(b"ll"), memoryview(b"o!")])
+    assert store.read(7, gen(1)) == b"hello!"
+
+
+def test_prune_keeps_what_the_database_names_and_anything_newer(store):
+    for n in range(1, 5):
+        store.write(7, gen(n), bytes([n]) * 10)
+    store.write(7, gen(5, OTHER_CLAIM), b"another claim's, newer")
+    store.write(7, gen(5), b"five")
+
+    store.prune(7, [gen(4), gen(2)])
+
+    # 1 is older than anything named. 3 and the 5s are not older, so they are left: by the time a
+    # background persist prunes, the job may have a new owner whose files these are.
+    assert sorted(p.name for p in store.job_dir(7).glob("*.ckpt")) == [
+        gen(2),
+        gen(3),
+        gen(4),
+        gen(5),
+        gen(5, OTHER_CLAIM),
+    ]
+    store.prune(7, [gen(5), gen(4)])
+    assert sorted(p.name for p in store.job_dir(7).glob("*.ckpt")) == [gen(4), gen(5), gen(5, OTHER_CLAIM)]
 
 
 def test_no_temporary_file_is_left_behind(store):
-    store.write(7, 1, b"x" * 1000)
-    assert [p.name for p in store.job_dir(7).iterdir() if p.is_file()] == ["gen-00000001.ckpt"]
+    store.write(7, gen(1), b"x" * 1000)
+    assert [p.name for p in store.job_dir(7).iterdir() if p.is_file()] == [gen(1)]
+
+
+@pytest.mark.parametrize("name", ["gen-1.ckpt", "../../etc/passwd", f"gen-00000001-{'X' * 32}.ckpt", ""])
+def test_a_name_that_is_not_a_checkpoint_name_is_refused(store, name):
+    with pytest.raises(ValueError, match="not a checkpoint name"):
+        store.path(7, name)
 
 
 @pytest.mark.parametrize(
@@ -36,50 +72,83 @@ def test_no_temporary_file_is_left_behind(store):
     ],
 )
 def test_a_damaged_checkpoint_is_rejected_with_a_reason(store, damage, message):
-    store.write(7, 1, b"payload" * 100)
-    path = store.path(7, 1)
+    store.write(7, gen(1), b"payload" * 100)
+    path = store.path(7, gen(1))
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(CheckpointError, match=message):
-        store.read(7, 1)
+        store.read(7, gen(1))
 
 
-def test_restore_falls_back_to_the_previous_generation(store):
-    store.write(7, 1, b"older")
-    store.write(7, 2, b"newer")
-    path = store.path(7, 2)
+def test_a_file_renamed_to_another_claims_name_is_rejected(store):
+    store.write(7, gen(2, OTHER_CLAIM), b"a stale worker's")
+    store.path(7, gen(2, OTHER_CLAIM)).rename(store.path(7, gen(2)))
+    with pytest.raises(CheckpointError, match="another claim"):
+        store.read(7, gen(2))
+
+
+def test_restore_falls_back_to_the_previous_name(store):
+    store.write(7, gen(1), b"older")
+    store.write(7, gen(2), b"newer")
+    path = store.path(7, gen(2))
     path.write_bytes(path.read_bytes()[:-1] + b"X")
 
-    restored = store.restore(7, 2)
+    restored = store.restore(7, [gen(2), gen(1)])
 
     assert (restored.generation, restored.state) == (1, b"older")
     assert "checksum" in restored.skipped[0]
 
 
+def test_restore_reads_only_what_it_is_named(store):
+    store.write(7, gen(1), b"named")
+    store.write(7, gen(2, OTHER_CLAIM), b"written by a worker that lost the job")
+    assert store.restore(7, [gen(1)]).state == b"named"
+
+
+def test_restore_waits_for_the_newest_while_it_is_being_written(store):
+    store.write(7, gen(1), b"older")
+    writer = threading.Timer(0.3, lambda: store.write(7, gen(2), b"newer"))
+    writer.start()
+    try:
+        restored = store.restore(7, [gen(2), gen(1)], wait_s=10)
+    finally:
+        writer.join()
+    assert restored.state == b"newer" and restored.skipped == ()
+
+
+def test_restore_falls_back_once_the_wait_is_over(store):
+    store.write(7, gen(1), b"older")
+    started = time.monotonic()
+    restored = store.restore(7, [gen(2), gen(1)], wait_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 3
+    assert restored.state == b"older"
+    assert "missing after waiting 0.3 s" in restored.skipped[0]
+
+
 def test_restore_with_nothing_usable_starts_from_the_beginning(store):
-    store.write(7, 1, b"only")
-    store.path(7, 1).unlink()
-    assert store.restore(7, 1).state is None
-    assert store.restore(7, 0).generation == 0
+    store.write(7, gen(1), b"only")
+    store.path(7, gen(1)).unlink()
+    assert store.restore(7, [gen(1)]).state is None
+    assert store.restore(7, []).generation == 0
 
 
 def test_a_file_from_another_job_is_rejected(store):
-    store.write(8, 1, b"not yours")
+    store.write(8, gen(1), b"not yours")
     store.job_dir(7).mkdir(parents=True)
-    store.path(7, 1).write_bytes(store.path(8, 1).read_bytes())
+    store.path(7, gen(1)).write_bytes(store.path(8, gen(1)).read_bytes())
     with pytest.raises(CheckpointError, match="belongs to job 8"):
-        store.read(7, 1)
+        store.read(7, gen(1))
 
 
 def test_a_full_disk_is_a_storage_error_and_leaves_no_partial_file(tiny_filesystem):
     from tests.harness import fill
 
     store = CheckpointStore(tiny_filesystem / "ckpt")
-    store.write(7, 1, b"first")
+    store.write(7, gen(1), b"first")
     fill(tiny_filesystem)
     with pytest.raises(StorageError, match="No space left"):
-        store.write(7, 2, b"x" * 200_000)
-    assert sorted(p.name for p in store.job_dir(7).iterdir()) == ["gen-00000001.ckpt"]
-    assert store.read(7, 1) == b"first"
+        store.write(7, gen(2), b"x" * 200_000)
+    assert sorted(p.name for p in store.job_dir(7).iterdir()) == [gen(1)]
+    assert store.read(7, gen(1)) == b"first"
 
 
 def test_a_storage_that_cannot_be_read_is_not_a_reason_to_fall_back(store, monkeypatch):
@@ -88,12 +157,19 @@ def test_a_storage_that_cannot_be_read_is_not_a_reason_to_fall_back(store, monke
     import errno
     from pathlib import Path
 
-    store.write(7, 1, b"one")
-    store.write(7, 2, b"two")
+    store.write(7, gen(1), b"one")
+    store.write(7, gen(2), b"two")
 
     def eio(self):
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(Path, "read_bytes", eio)
     with pytest.raises(StorageError, match="Input/output error"):
-        store.restore(7, 2)
+        store.restore(7, [gen(2), gen(1)])
+
+
+def test_checkpoints_named_before_claims_still_restore(store):
+    """Files from before names carried the claim (gen-00000003.ckpt), as migration 0016 names them."""
+    legacy = "gen-00000003.ckpt"
+    store.write(7, legacy, b"from an older clockq")
+    assert store.restore(7, [legacy]).state == b"from an older clockq"

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from clockq.jobs.models import Job
 from tests.helpers import submit
-from workers.checkpoints import CheckpointStore
+from workers.checkpoints import CheckpointStore, checkpoint_name
 from workers.retention import delete_old_checkpoints
 
 pytestmark = pytest.mark.django_db
@@ -20,9 +20,11 @@ def test_old_finished_jobs_lose_their_checkpoints_and_others_keep_them(alice, se
     store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
     old, recent, waiting = (submit(alice, name=n) for n in ("old", "recent", "waiting"))
     for job in (old, recent, waiting):
-        store.write(job.pk, 1, b"state" * 100)
+        store.write(job.pk, checkpoint_name(1, "a" * 32), b"state" * 100)
         store.work_dir(job.pk)
-    Job.objects.filter(pk__in=[old.pk, waiting.pk]).update(checkpoint_generation=1, checkpoint_bytes=500)
+    Job.objects.filter(pk__in=[old.pk, waiting.pk]).update(
+        checkpoint_generation=1, checkpoint_files=[checkpoint_name(1, "a" * 32)], checkpoint_bytes=500
+    )
     two_hours_ago = timezone.now() - timedelta(hours=2)
     Job.objects.filter(pk=old.pk).update(state="succeeded", finished_at=two_hours_ago)
     Job.objects.filter(pk=recent.pk).update(state="failed", finished_at=timezone.now())
@@ -34,7 +36,7 @@ def test_old_finished_jobs_lose_their_checkpoints_and_others_keep_them(alice, se
     assert not store.job_dir(old.pk).exists()
     assert store.job_dir(recent.pk).exists() and store.job_dir(waiting.pk).exists()
     old.refresh_from_db()
-    assert old.checkpoints_deleted_at and old.checkpoint_bytes == 0 and old.checkpoint_generation == 0
+    assert old.checkpoints_deleted_at and old.checkpoint_bytes == 0 and old.checkpoint_files == []
     assert "checkpoints deleted 3600 s after the job finished" in old.events.last().reason
 
 
@@ -52,7 +54,7 @@ def test_retention_keeps_a_finished_jobs_result(alice, settings, tmp_path):
     settings.CLOCKQ_CHECKPOINT_RETENTION_S = 0
     store, results = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR), ResultStore(settings.CLOCKQ_CHECKPOINT_DIR)
     job = submit(alice, name="done")
-    store.write(job.pk, 1, b"state" * 100)
+    store.write(job.pk, checkpoint_name(1, "a" * 32), b"state" * 100)
     store.work_dir(job.pk)
     staged = results.staging(job.pk)
     (staged / "model.bin").write_bytes(b"weights")

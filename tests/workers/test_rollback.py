@@ -7,7 +7,7 @@ from django.conf import settings
 
 from clockq.jobs.models import Job
 from tests.helpers import submit, wait_finished
-from workers.checkpoints import CheckpointStore
+from workers.checkpoints import CheckpointStore, checkpoint_name
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 from workers.workloads.base import RunContext
@@ -27,11 +27,12 @@ def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_generation(ali
     # Given a job with two checkpoint generations (10 and 20 steps done), the newest corrupted
     job = submit(alice, "SP", "resume-me", steps=40, step_ms=0, state_kb=4)
     store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
-    store.write(job.pk, 1, _synthetic_state(job.pk, job.params, 10, tmp_path))
-    store.write(job.pk, 2, _synthetic_state(job.pk, job.params, 20, tmp_path))
-    newest = store.path(job.pk, 2)
+    names = [checkpoint_name(gen, "a" * 32) for gen in (2, 1)]
+    store.write(job.pk, names[1], _synthetic_state(job.pk, job.params, 10, tmp_path))
+    store.write(job.pk, names[0], _synthetic_state(job.pk, job.params, 20, tmp_path))
+    newest = store.path(job.pk, names[0])
     newest.write_bytes(newest.read_bytes()[:-100])
-    Job.objects.filter(pk=job.pk).update(checkpoint_generation=2, progress=0.5)
+    Job.objects.filter(pk=job.pk).update(checkpoint_generation=2, checkpoint_files=names, progress=0.5)
 
     # When a worker runs it (here, in this process: the same code a Celery worker calls)
     assert run_dispatch(job.pk, job.dispatch_token, Runtime(WorkerIdentity("gpu0@test", 0))) == RunOutcome.SUCCEEDED
@@ -42,6 +43,8 @@ def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_generation(ali
     assert sum(job.slices.values_list("steps", flat=True)) == 30
     note = job.events.get(from_state="running", to_state="running").reason
     assert "generation 2 unusable" in note and "truncated" in note and "restored generation 1" in note
+    # Generation numbers only grow: the next checkpoints were 3, 4, ..., never a second 2.
+    assert job.checkpoint_generation == 2 + job.slices.exclude(outcome="completed").count()
 
 
 def test_a_workload_that_raises_once_is_rolled_back_and_retried(start_workers, alice):

@@ -13,7 +13,7 @@ from django.db import connection
 from clockq.jobs import workloads
 from tests.harness import program_python
 from workers import sandbox
-from workers.checkpoints import CheckpointStore
+from workers.checkpoints import CheckpointStore, checkpoint_name
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 from workers.workloads.base import JobRefused, RunContext
@@ -80,11 +80,11 @@ def run_program(argv: list[str], job_id: int = 7) -> CommandWorkload:
 @pytest.mark.django_db
 def test_the_program_runs_as_the_command_user_and_cannot_reach_clockqs_secrets_or_other_jobs(alice):
     store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
-    store.write(8, 1, b"another job's state")  # another job, with a checkpoint of its own
+    store.write(8, checkpoint_name(1, "b" * 32), b"another job's state")  # another job, with a checkpoint of its own
     targets = {
         "secret key": str(settings.VAR_DIR / "secret_key"),
         "broker password": str(settings.EMBEDDED_REDIS_PASSWORD_FILE),
-        "other job's checkpoint": str(store.path(8, 1)),
+        "other job's checkpoint": str(store.path(8, checkpoint_name(1, "b" * 32))),
     }
     if connection.vendor == "sqlite":
         targets["database"] = connection.settings_dict["NAME"]

@@ -49,7 +49,7 @@ def test_jobs_from_the_form_and_the_api_finish_in_slices_with_verified_checkpoin
         yielded = job.slices.filter(outcome="yielded")
         assert yielded.exists() and all(s.checkpoint_bytes > 32 * 1024 for s in yielded)
         # The newest checkpoint on disk passes its checksum and holds the synthetic state.
-        assert len(store.read(job.pk, job.checkpoint_generation)) == 16 + 32 * 1024
+        assert len(store.read(job.pk, job.checkpoint_files[0])) == 16 + 32 * 1024
 
 
 def test_two_jobs_sharing_a_gpu_interleave_slice_by_slice(start_workers, alice):

@@ -9,7 +9,7 @@ from django.test import override_settings
 
 from clockq.jobs.models import Job
 from tests.helpers import submit
-from workers.checkpoints import CheckpointStore
+from workers.checkpoints import CheckpointStore, checkpoint_name
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 from workers.warm_cache import WarmCache
@@ -21,6 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _yield_once(job, runtime) -> Job:
     """Run one dispatch of `job` while another SP job waits, so it yields after one slice."""
     assert run_dispatch(job.pk, job.dispatch_token, runtime) == RunOutcome.YIELDED
+    runtime.persister.flush()  # its checkpoint is written in the background
     return Job.objects.get(pk=job.pk)
 
 
@@ -34,21 +35,42 @@ def test_the_same_worker_resumes_warm_and_another_worker_from_the_file(alice):
     job = _yield_once(job, here)
     assert job.checkpoint_generation == 1
     store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
-    assert store.read(job.pk, 1)  # the durable checkpoint was written anyway
+    (first,) = job.checkpoint_files
+    assert store.read(job.pk, first)  # the durable checkpoint was written anyway
 
     # Damage the file: a warm resume does not read it, so it does not notice.
-    path = store.path(job.pk, 1)
+    path = store.path(job.pk, first)
     path.write_bytes(path.read_bytes()[:-10])
     job = _yield_once(job, here)
     assert job.checkpoint_generation == 2
+    assert job.checkpoint_files[1] == first
     assert not job.events.filter(reason__contains="unusable").exists()
 
     # Another worker has no warm copy: it reads generation 2 from disk.
     elsewhere = Runtime(WorkerIdentity("gpu1@test", 1))
-    path = store.path(job.pk, 2)
+    path = store.path(job.pk, job.checkpoint_files[0])
     path.write_bytes(path.read_bytes()[:-10])
     job = _yield_once(job, elsewhere)
     assert job.events.filter(reason__contains="generation 2 unusable").exists()
+
+
+@override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
+def test_a_warm_copy_is_not_used_once_the_job_moved_on_elsewhere(alice):
+    """The cache checks the claim it was saved under: after another worker checkpointed the job,
+    the first worker's live copy is stale, even if it were at the same generation number."""
+    job = submit(alice, "SP", "moved-on", steps=400, step_ms=1, state_kb=4)
+    submit(alice, "SP", "rival", steps=1)
+    here, elsewhere = Runtime(WorkerIdentity("gpu0@test", 0)), Runtime(WorkerIdentity("gpu1@test", 1))
+    job = _yield_once(job, here)
+    job = _yield_once(job, elsewhere)  # from the file; generation 2 is the other worker's
+    steps_before = sum(job.slices.values_list("steps", flat=True))
+
+    job = _yield_once(job, here)
+
+    # It restored (from generation 2's file), so its steps carry on from there.
+    last = job.slices.order_by("-id").first()
+    assert last.restore_ms > 0
+    assert job.progress == pytest.approx((steps_before + last.steps) / 400)
 
 
 def _workload(tmp_path, job_id=1):
@@ -61,15 +83,16 @@ def _workload(tmp_path, job_id=1):
     return w
 
 
-def test_the_cache_respects_its_bounds_and_generations(tmp_path):
+def test_the_cache_respects_its_bounds_and_checkpoints(tmp_path):
     cache = WarmCache(max_bytes=3000, max_jobs=2)
     a, b, c = (_workload(tmp_path, i) for i in (1, 2, 3))
-    cache.put(1, 5, a, 1000)
-    cache.put(2, 5, b, 1000)
-    cache.put(3, 5, c, 1000)  # over max_jobs: the oldest (job 1) goes
-    assert cache.take(1, 5) is None
-    assert cache.take(2, 4) is None  # a different generation is stale, and is dropped
-    assert cache.take(2, 5) is None
-    assert cache.take(3, 5) is c
-    cache.put(4, 1, _workload(tmp_path, 4), 10_000)  # larger than the whole cache
+    name = checkpoint_name(5, "a" * 32)
+    cache.put(1, name, a, 1000)
+    cache.put(2, name, b, 1000)
+    cache.put(3, name, c, 1000)  # over max_jobs: the oldest (job 1) goes
+    assert cache.take(1, name) is None
+    assert cache.take(2, checkpoint_name(5, "b" * 32)) is None  # another claim's: stale, dropped
+    assert cache.take(2, name) is None
+    assert cache.take(3, name) is c
+    cache.put(4, name, _workload(tmp_path, 4), 10_000)  # larger than the whole cache
     assert len(cache) == 0

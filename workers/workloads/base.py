@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -56,6 +56,14 @@ class Workload(ABC):
 
     @abstractmethod
     def load_state_dict(self, state: bytes) -> None: ...
+
+    def snapshot(self) -> bytes | Sequence[bytes | bytearray | memoryview]:
+        """The state to checkpoint, as `state_dict()` would give it, but as chunks that may
+        still be live: a bytearray or an array's buffer is copied into host memory by the worker
+        before the next step (workers/persister.py), while immutable `bytes` are kept as they
+        are. A workload whose state sits in big buffers avoids a serialising copy this way.
+        `load_state_dict` gets the chunks joined. Optional: by default, `state_dict()`."""
+        return self.state_dict()
 
     def metrics(self) -> Iterable[tuple[int, str, float]]:
         """Called after every step: the (step, name, value) records the workload measured since

@@ -17,7 +17,8 @@ class SyntheticWorkload(Workload):
 
     def setup(self, ctx: RunContext) -> None:
         self.done = 0
-        self.payload = _payload(ctx.job_id, self.params["state_kb"] * 1024)
+        # Its "device memory": mutable, so a snapshot has to copy it, as from a real GPU.
+        self.payload = bytearray(_payload(ctx.job_id, self.params["state_kb"] * 1024))
         self.failures_file = ctx.work_dir / "injected-failures"
 
     def step(self) -> float:
@@ -43,12 +44,19 @@ class SyntheticWorkload(Workload):
     def state_dict(self) -> bytes:
         return _HEADER.pack(self.done, len(self.payload)) + self.payload
 
+    def snapshot(self) -> list[bytes | bytearray]:
+        return [_HEADER.pack(self.done, len(self.payload)), self.payload]
+
     def load_state_dict(self, state: bytes) -> None:
         done, length = _HEADER.unpack_from(state)
-        payload = state[_HEADER.size :]
+        payload = memoryview(state)[_HEADER.size :]
         if len(payload) != length:
             raise ValueError(f"synthetic state truncated: {len(payload)} of {length} bytes")
-        self.done, self.payload = done, payload
+        if len(self.payload) == length:
+            self.payload[:] = payload  # into the memory it has, as a copy to the device would
+        else:
+            self.payload = bytearray(payload)
+        self.done = done
 
     def write_result(self, directory: Path) -> None:
         (directory / "state.bin").write_bytes(self.state_dict())
