@@ -11,9 +11,10 @@ What keeps this safe:
 - A file appears under its name only once complete, so a claim never restores a half-written
   generation. A worker that claims a job whose newest checkpoint is still on its way waits for
   it, with a bound, then falls back to the one before (CheckpointStore.restore).
-- The one before is always durable: before a job's next snapshot is handed over, this worker
-  waits for the job's previous persist (`settle`). A worker that dies with a persist in flight
-  loses at most that generation.
+- The job always names a durable generation to fall back to: the list of names the database
+  holds reaches back to the newest one written (slice_runner keeps it so). A worker that dies
+  with persists in flight loses those generations, and only those: the job resumes from the
+  newest one on disk, and its history says why.
 - Snapshots in flight hold at most CLOCKQ_SNAPSHOT_MEMORY_MB of host memory. When the bound is
   reached, the next checkpoint is written before the GPU is handed over, as it was before.
 - A worker that stops (SIGTERM) flushes its persists before it exits (`flush`).
@@ -22,8 +23,8 @@ What keeps this safe:
 from __future__ import annotations
 
 import logging
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -126,7 +127,11 @@ Failed = Callable[[Persist, StorageError], None]
 
 
 class Persister:
-    """One background thread per worker process that writes snapshots, in the order taken."""
+    """One background thread per worker process that writes snapshots, in the order taken.
+
+    A job's snapshot that is still queued when a newer one of the same job arrives is dropped:
+    the newer one holds all its work, and writing both would only let the disk fall further
+    behind when a job is preempted again and again (a burst of RT jobs)."""
 
     def __init__(
         self, store: CheckpointStore, memory: SnapshotMemory, on_failure: Failed, on_written: Callable[[], None]
@@ -135,49 +140,68 @@ class Persister:
         self.memory = memory
         self.on_failure = on_failure
         self.on_written = on_written
-        self._queue: queue.Queue[Persist] = queue.Queue()
-        self._pending: dict[tuple[int, str], Persist] = {}
+        self._queue: deque[Persist] = deque()
+        self._writing: Persist | None = None
         self._failed_jobs: set[int] = set()
-        self._idle = threading.Condition()
+        self.superseded = 0
+        self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
 
     def submit(self, persist: Persist) -> None:
         """Write it in the background. Call only after the database names it."""
-        with self._idle:
-            self._pending[(persist.job_id, persist.name)] = persist
+        with self._changed:
+            dropped = [p for p in self._queue if p.job_id == persist.job_id]
+            for old in dropped:
+                self._queue.remove(old)
+            self.superseded += len(dropped)
+            self._queue.append(persist)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="clockq-persist", daemon=True)
                 self._thread.start()
-        self._queue.put(persist)
+            self._changed.notify_all()
+        for old in dropped:
+            log.info("job %s: %s superseded by %s before it was written", old.job_id, old.name, persist.name)
+            self.memory.release(old.snapshot)
 
     def pending(self, job_id: int, name: str) -> bytes | None:
         """The state of a checkpoint this worker has yet to write, if it has one: a job that
         comes back before its persist is done restores from memory."""
-        with self._idle:
-            persist = self._pending.get((job_id, name))
-            return persist.snapshot.join() if persist is not None else None
+        with self._changed:
+            for persist in self._in_flight():
+                if (persist.job_id, persist.name) == (job_id, name):
+                    return persist.snapshot.join()
+        return None
 
-    def settle(self, job_id: int) -> bool:
-        """Wait until this job's persists are written. False if one of them failed since the
-        last call: its generation is lost, and the next one should be written at once."""
-        with self._idle:
-            self._idle.wait_for(lambda: not any(job == job_id for job, _name in self._pending))
+    def unwritten(self, job_id: int) -> set[str]:
+        """The job's checkpoints that this worker has named but not written (yet, or ever: a
+        superseded one is never written)."""
+        with self._changed:
+            return {p.name for p in self._in_flight() if p.job_id == job_id}
+
+    def take_failure(self, job_id: int) -> bool:
+        """Whether a persist of this job failed since the last call."""
+        with self._changed:
             failed = job_id in self._failed_jobs
             self._failed_jobs.discard(job_id)
-            return not failed
+            return failed
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every persist is written (a stopping worker). False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._pending, timeout)
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._queue and self._writing is None, timeout)
 
     def in_flight(self) -> int:
-        with self._idle:
-            return len(self._pending)
+        with self._changed:
+            return len(self._in_flight())
+
+    def _in_flight(self) -> list[Persist]:
+        return [*([self._writing] if self._writing else []), *self._queue]
 
     def _run(self) -> None:
         while True:
-            persist = self._queue.get()
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._queue))
+                persist = self._writing = self._queue.popleft()
             try:
                 self.store.write(persist.job_id, persist.name, persist.snapshot.chunks)
                 self.store.prune(persist.job_id, persist.keep)
@@ -187,7 +211,7 @@ class Persister:
                 # resumes from the one before it. Persisting goes on for every other job.
                 error = exc if isinstance(exc, StorageError) else StorageError(repr(exc))
                 log.warning("job %s: persisting %s failed: %s", persist.job_id, persist.name, error)
-                with self._idle:
+                with self._changed:
                     self._failed_jobs.add(persist.job_id)
                 try:
                     self.on_failure(persist, error)
@@ -195,6 +219,6 @@ class Persister:
                     log.exception("job %s: reporting a failed persist failed", persist.job_id)
             finally:
                 self.memory.release(persist.snapshot)
-                with self._idle:
-                    self._pending.pop((persist.job_id, persist.name), None)
-                    self._idle.notify_all()
+                with self._changed:
+                    self._writing = None
+                    self._changed.notify_all()

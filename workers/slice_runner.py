@@ -594,10 +594,9 @@ class JobRun:
             # The state grew (or this is the first checkpoint): does the owner have room for it?
             quotas.check_checkpoint(self.job_id, self.job.owner_id, nbytes)
         name = checkpoint_name(self.generation + 1, self.token)
-        # This job's previous generation is durable before this one is named, so a worker that
-        # dies with this one in flight loses only this one.
-        durable = self.runtime.persister.settle(self.job_id)
-        snapshot = self.runtime.snapshots.take(state) if durable else None
+        persister = self.runtime.persister
+        # After a failed persist, write the next one at once, so the storage is tried again now.
+        snapshot = None if persister.take_failure(self.job_id) else self.runtime.snapshots.take(state)
         if snapshot is None:
             # Over the snapshot memory bound, or the previous persist failed: write it now.
             # Outside workload_errors: a storage failure raises StorageError, not the job's.
@@ -607,7 +606,7 @@ class JobRun:
         record.checkpoint_bytes = nbytes
         record.checkpoint_ms = (time.perf_counter() - t0) * 1000
         self.generation += 1
-        self.files = [name, *self.files][:KEEP_GENERATIONS]
+        self.files = _names_to_keep([name, *self.files], persister.unwritten(self.job_id))
         self.checkpoint_bytes = nbytes
         self.last_checkpoint_at = time.monotonic()
 
@@ -800,3 +799,14 @@ def _is_name(name: object) -> bool:
 
 def _generation(name: object) -> int | str:
     return generation_of(name) if _is_name(name) else repr(name)  # type: ignore[arg-type]
+
+
+def _names_to_keep(names: list[str], unwritten: set[str]) -> list[str]:
+    """The newest checkpoint and those before it, back to a written one to fall back to (and
+    KEEP_GENERATIONS in all, at least): names this worker has yet to write are not enough."""
+    kept: list[str] = []
+    for name in names:
+        kept.append(name)
+        if len(kept) >= KEEP_GENERATIONS and name not in unwritten:
+            break
+    return kept

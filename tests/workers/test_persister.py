@@ -1,0 +1,159 @@
+"""Snapshot, then persist: the memory bound, flushing, settling, and a failed write."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.harness import wait_for
+from workers.checkpoints import CheckpointStore, StorageError, checkpoint_name
+from workers.persister import Persist, Persister, SnapshotMemory
+
+MB = 2**20
+CLAIM = "e" * 32
+
+
+class GatedStore(CheckpointStore):
+    """A real store whose writes wait for the test to open a gate: a slow disk, on demand."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.gate = threading.Event()
+        self.fail_with: Exception | None = None
+
+    def write(self, job_id, name, state):
+        assert self.gate.wait(10), "the test never opened the gate"
+        if self.fail_with is not None:
+            raise self.fail_with
+        return super().write(job_id, name, state)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return GatedStore(tmp_path)
+
+
+def _persister(store, memory, failures=None):
+    failures = [] if failures is None else failures
+    return Persister(store, memory, on_failure=lambda p, e: failures.append((p.name, str(e))), on_written=list)
+
+
+def test_a_snapshot_copies_live_buffers_and_keeps_immutable_bytes():
+    memory = SnapshotMemory(10 * MB)
+    live, frozen = bytearray(b"a" * 1000), b"b" * 1000
+    snapshot = memory.take([frozen, live])
+    live[:] = b"c" * 1000  # the next step changes the live state
+
+    assert snapshot.join() == b"b" * 1000 + b"a" * 1000
+    assert snapshot.chunks[0] is frozen
+    assert memory.in_flight == 2000
+
+
+def test_the_snapshot_memory_bound_holds_and_buffers_are_reused():
+    memory = SnapshotMemory(3 * MB)
+    state = bytearray(MB)
+    first, second, third = (memory.take(state) for _ in range(3))
+    assert memory.take(state) is None  # a fourth would pass the bound: the caller writes it itself
+    assert memory.in_flight == 3 * MB
+
+    buffer = first._buffers[0]
+    memory.release(first)
+    fourth = memory.take(state)
+    assert fourth is not None and memory.peak == 3 * MB
+    assert fourth._buffers[0] is buffer  # a released snapshot's buffer is used again...
+    for snapshot in (second, third, fourth):
+        memory.release(snapshot)
+    assert memory.in_flight == 0
+    # ...and what the pool keeps never passes the bound either
+    assert sum(len(b) for b in memory._free) <= 3 * MB
+
+
+def test_a_state_larger_than_the_bound_is_never_snapshotted():
+    assert SnapshotMemory(MB).take(bytearray(MB + 1)) is None
+    assert SnapshotMemory(0).take(b"x") is None
+
+
+def test_persists_hold_at_most_the_bound_while_the_disk_is_slow(store):
+    """The runner's rule: take a snapshot if the bound allows, else write synchronously."""
+    memory = SnapshotMemory(2 * MB)
+    persister = _persister(store, memory)
+    written_now = 0
+    for gen in range(1, 6):
+        snapshot = memory.take(bytearray(MB))
+        if snapshot is None:
+            written_now += 1  # the runner writes this one before handing the GPU over
+            continue
+        name = checkpoint_name(gen, CLAIM)
+        persister.submit(Persist(7, name, snapshot, (name,)))
+        assert memory.in_flight <= 2 * MB
+    assert written_now == 3 and persister.in_flight() == 2
+
+    store.gate.set()
+    assert persister.flush(timeout=10)
+    assert memory.in_flight == 0 and persister.in_flight() == 0
+
+
+def test_a_pending_checkpoint_is_restored_from_memory_and_flush_writes_it(store):
+    memory = SnapshotMemory(10 * MB)
+    persister = _persister(store, memory)
+    name = checkpoint_name(1, CLAIM)
+    persister.submit(Persist(7, name, memory.take([b"head", bytearray(b"state")]), (name,)))
+
+    assert persister.pending(7, name) == b"headstate"
+    assert not persister.flush(timeout=0.2)  # the disk is still busy
+
+    store.gate.set()
+    assert persister.flush(timeout=10)
+    assert persister.pending(7, name) is None
+    assert store.read(7, name) == b"headstate"
+
+
+def test_a_failed_persist_is_reported_once(store):
+    memory = SnapshotMemory(10 * MB)
+    failures: list = []
+    persister = _persister(store, memory, failures)
+    store.fail_with = StorageError("No space left on device")
+    name = checkpoint_name(1, CLAIM)
+    persister.submit(Persist(7, name, memory.take(bytearray(10)), (name,)))
+    store.gate.set()
+    assert persister.flush(timeout=10)
+
+    assert persister.take_failure(7) is True  # the runner writes the next one at once
+    assert persister.take_failure(7) is False  # said once
+    assert failures == [(name, "No space left on device")]
+    assert memory.in_flight == 0
+
+
+def test_a_queued_snapshot_is_superseded_by_the_jobs_newer_one(store):
+    memory = SnapshotMemory(10 * MB)
+    persister = _persister(store, memory)
+    first, second, third = (checkpoint_name(gen, CLAIM) for gen in (1, 2, 3))
+    persister.submit(Persist(7, first, memory.take(bytearray(b"1")), (first,)))
+    wait_for(lambda: persister._writing is not None, 5, what="the first write to start")
+    persister.submit(Persist(7, second, memory.take(bytearray(b"2")), (second, first)))
+    persister.submit(Persist(8, second, memory.take(bytearray(b"other job")), (second,)))
+    assert persister.unwritten(7) == {first, second}
+
+    persister.submit(Persist(7, third, memory.take(bytearray(b"3")), (third, second, first)))
+
+    # The second was still queued: the third holds all its work, so it is never written. The
+    # first was being written already, and is; so is the other job's.
+    assert persister.superseded == 1 and persister.unwritten(7) == {first, third}
+    store.gate.set()
+    assert persister.flush(timeout=10)
+    assert store.read(7, first) == b"1" and store.read(7, third) == b"3" and store.read(8, second) == b"other job"
+    assert not store.path(7, second).exists()
+    assert memory.in_flight == 0
+
+
+def test_prune_after_a_persist_keeps_the_named_generations(store):
+    memory = SnapshotMemory(10 * MB)
+    persister = _persister(store, memory)
+    store.gate.set()
+    names = [checkpoint_name(gen, CLAIM) for gen in (1, 2, 3)]
+    for i, name in enumerate(names):
+        keep = tuple(reversed(names[max(i - 1, 0) : i + 1]))
+        persister.submit(Persist(7, name, memory.take(bytearray(b"s")), keep))
+        assert persister.flush(timeout=10)
+    assert sorted(p.name for p in store.job_dir(7).glob("*.ckpt")) == names[1:]
