@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, Func, Subquery
 from django.utils import timezone
 from redis import RedisError
 
@@ -432,19 +432,33 @@ class JobRun:
     # --- the boundary ------------------------------------------------------------------------
 
     def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> RunOutcome | None:
-        """Finish, continue (None) or leave the GPU, as the policy decides."""
-        row = Job.objects.filter(pk=self.job_id).values("state", "dispatch_token", "pending_action", "tier_id").first()
+        """Finish, continue (None) or leave the GPU, as the policy decides.
+
+        One database read: the job's row, with the queued counts that confirm the broker's when
+        the broker says someone waits ahead of it (`_waiting_by_rank`)."""
+        rank = self.home.rank  # what it decides as, unless an operator moved it meanwhile
+        waiting = [] if done else self._waiting_by_rank(rank, record.cut_short)
+        confirm = not record.cut_short and waiting_ahead(rank, waiting) > 0
+        query = Job.objects.filter(pk=self.job_id)
+        if confirm:
+            query = query.annotate(**{f"queued_{r}": _queued_at(r) for r in range(rank + 1)})
+        counts = [f"queued_{r}" for r in range(rank + 1)] if confirm else []
+        row = query.values("state", "dispatch_token", "pending_action", "tier_id", *counts).first()
         if row is None or row["state"] != RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
         self.runtime.interrupts.clear(self.job_id)
         if row["tier_id"] != self.tier.id:  # moved by an operator while running
             self.tier = self.runtime.tiers.get(row["tier_id"])
         self._return_home()  # decide as a job of its own tier from here on
+        if confirm and self.tier.rank == rank:
+            waiting = [row.get(f"queued_{r}") or 0 for r in range(len(waiting))]
+        elif not done and not record.cut_short and waiting_ahead(self.tier.rank, waiting):
+            waiting = _queued_by_rank(self.tier.rank, len(waiting))  # its tier changed under it
         decision = decide_at_boundary(
             Boundary(
                 done=done,
                 job_rank=self.tier.rank,
-                waiting_by_rank=[] if done else self._waiting_by_rank(self.tier.rank, record.cut_short),
+                waiting_by_rank=waiting,
                 pending_action=PendingAction(row["pending_action"]),
                 past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
                 shutting_down=self.runtime.shutting_down(),
@@ -530,9 +544,9 @@ class JobRun:
             self.curves_changed = False
 
     def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
-        """Jobs waiting per tier. The broker's queue lengths are the cheap first look; when they
-        say someone waits, the database confirms it, because the broker may also hold stale or
-        duplicate messages that would cause a needless switch.
+        """Jobs waiting per tier, from the broker's queue lengths: the cheap first look. When
+        they say someone waits ahead, the database confirms it (`_at_boundary`), because the
+        broker may also hold stale or duplicate messages that would cause a needless switch.
 
         After an RT interrupt only RT counts, and only for the one busy GPU that takes the RT job
         from the counter of unclaimed ones (clockq/bus/signals.py): every busy GPU heard the signal,
@@ -549,15 +563,7 @@ class JobRun:
                 self.runtime.made_way_for_rt = True
             else:
                 waiting[0] = 0
-            return waiting
-        if not waiting_ahead(rank, waiting):
-            return waiting
-        counts = dict(
-            Job.objects.filter(state=JobState.QUEUED, tier__rank__lte=rank)
-            .values_list("tier__rank")
-            .annotate(n=Count("id"))
-        )
-        return [counts.get(r, 0) for r in range(len(waiting))]
+        return waiting
 
     def _continue(self, workload: Workload, record: SliceRecord) -> None:
         every = settings.CLOCKQ_CHECKPOINT_EVERY_S
@@ -810,3 +816,22 @@ def _names_to_keep(names: list[str], unwritten: set[str]) -> list[str]:
         if len(kept) >= KEEP_GENERATIONS and name not in unwritten:
             break
     return kept
+
+
+def _queued_at(rank: int) -> Subquery:
+    """How many jobs are queued in the tier of this rank, as a subquery of the boundary's read."""
+    return Subquery(
+        Job.objects.filter(state=JobState.QUEUED, tier__rank=rank)
+        .order_by()
+        .annotate(n=Func(F("id"), function="COUNT"))
+        .values("n")
+    )
+
+
+def _queued_by_rank(rank: int, ranks: int) -> list[int]:
+    counts = dict(
+        Job.objects.filter(state=JobState.QUEUED, tier__rank__lte=rank)
+        .values_list("tier__rank")
+        .annotate(n=Count("id"))
+    )
+    return [counts.get(r, 0) for r in range(ranks)]
