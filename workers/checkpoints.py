@@ -158,6 +158,7 @@ class CheckpointStore:
             raise CheckpointError(f"{name} has an unreadable header")
         payload = data[end + 1 :]
         match = _NAME.match(name)
+        assert match is not None  # self.path checked the name
         if header.get("job") != int(job_id) or header.get("generation") != int(match[1]):
             raise CheckpointError(f"{name} belongs to job {header.get('job')} gen {header.get('generation')}")
         if header.get("claim") != match[2]:
