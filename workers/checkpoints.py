@@ -26,7 +26,7 @@ import re
 import shutil
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +43,12 @@ _NAME = re.compile(r"^gen-(\d{8})(?:-([0-9a-f]{32}))?\.ckpt$")
 _TMP = re.compile(r"^(gen-\d{8}(?:-[0-9a-f]{32})?)\.tmp-\d+$")
 
 Chunks = Sequence[bytes | bytearray | memoryview]
+# Who is writing a checkpoint that is not on disk yet; None when nobody is (any more).
+WriterOf = Callable[[str], str | None]
+
+
+def _unknown_writer(name: str) -> str:
+    return "(unknown)"  # nobody says: wait for the whole bound
 
 
 def checkpoint_name(generation: int, claim: str) -> str:
@@ -169,34 +175,48 @@ class CheckpointStore:
             raise CheckpointError(f"{name} fails its checksum")
         return payload
 
-    def restore(self, job_id: int, names: Sequence[str], wait_s: float = 0.0) -> Restored:
+    def restore(
+        self, job_id: int, names: Sequence[str], wait_s: float = 0.0, writer_of: WriterOf | None = None
+    ) -> Restored:
         """The first good checkpoint of `names` (newest first, as the database names them).
 
         The newest may still be on its way: its writer handed the GPU over after the snapshot
-        and persists it in the background. It is waited for, up to `wait_s`; past that, the
-        writer is taken to be dead or stuck, and the one before it is used."""
+        and persists it in the background. While `writer_of(name)` names a writer, it is waited
+        for, up to `wait_s`; once nobody writes it (the writer died or froze with the write in
+        flight), or past `wait_s` (stuck, or very slow), the one before it is used."""
         skipped: list[str] = []
         for i, name in enumerate(names):
             try:
                 if i == 0 and wait_s > 0:
-                    return Restored(name, self._read_when_there(job_id, name, wait_s), tuple(skipped))
+                    state = self._read_when_written(job_id, name, wait_s, writer_of or _unknown_writer)
+                    return Restored(name, state, tuple(skipped))
                 return Restored(name, self.read(job_id, name), tuple(skipped))
             except CheckpointError as exc:
                 log.warning("job %s: checkpoint %s rejected: %s", job_id, name, exc)
                 skipped.append(str(exc))
         return Restored(None, None, tuple(skipped))
 
-    def _read_when_there(self, job_id: int, name: str, wait_s: float) -> bytes:
+    def _read_when_written(self, job_id: int, name: str, wait_s: float, writer_of: WriterOf) -> bytes:
         deadline = time.monotonic() + wait_s
         pause = 0.002
         while True:
             try:
                 return self.read(job_id, name)
             except CheckpointMissing:
+                writer = writer_of(name)
+                if writer is None:
+                    # The writer clears its mark after the rename: look once more.
+                    try:
+                        return self.read(job_id, name)
+                    except CheckpointMissing:
+                        raise CheckpointMissing(
+                            f"{name} is missing and no worker is writing it any more "
+                            "(its writer died or froze with the write in flight)"
+                        ) from None
                 if time.monotonic() >= deadline:
                     raise CheckpointMissing(
-                        f"{name} is missing after waiting {wait_s:g} s for its writer "
-                        "(it died with the write in flight, or is stuck)"
+                        f"{name} is missing after waiting {wait_s:g} s for its writer {writer} "
+                        "(stuck, or too slow)"
                     ) from None
             time.sleep(pause)
             pause = min(pause * 2, 0.05)

@@ -18,16 +18,25 @@ What keeps this safe:
 - Snapshots in flight hold at most CLOCKQ_SNAPSHOT_MEMORY_MB of host memory. When the bound is
   reached, the next checkpoint is written before the GPU is handed over, as it was before.
 - A worker that stops (SIGTERM) flushes its persists before it exits (`flush`).
+- Each persist in flight has a mark in Redis (clockq/bus/persists.py), set before the database
+  names the file and kept fresh while it is written, so a claim waits only for a writer that is
+  still alive. Without the mark (the broker cannot be reached), the checkpoint is written before
+  the GPU is handed over.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import redis
+from redis import RedisError
+
+from clockq.bus import persists
 from workers.checkpoints import CheckpointStore, StorageError
 
 log = logging.getLogger("clockq.persist")
@@ -126,6 +135,36 @@ class Persist:
 Failed = Callable[[Persist, StorageError], None]
 
 
+class Marks:
+    """This worker's marks of its persists in flight, in the broker's Redis. Every failure is
+    logged and swallowed: a mark that could not be set makes the caller write at once, and one
+    that could not be cleared or refreshed expires by itself."""
+
+    def __init__(self, client: Callable[[], redis.Redis], writer: str):
+        self.client = client
+        self.writer = writer
+
+    def set(self, job_id: int, name: str) -> bool:
+        try:
+            persists.mark(self.client(), job_id, name, self.writer)
+        except RedisError as exc:
+            log.warning("job %s: cannot mark %s as being written (%s); writing it now", job_id, name, exc)
+            return False
+        return True
+
+    def clear(self, job_id: int, name: str) -> None:
+        try:
+            persists.unmark(self.client(), job_id, name)
+        except RedisError as exc:
+            log.info("job %s: cannot clear the mark of %s (%s); it expires by itself", job_id, name, exc)
+
+    def refresh(self, marks: Iterable[tuple[int, str]]) -> None:
+        try:
+            persists.refresh(self.client(), marks)
+        except RedisError as exc:
+            log.warning("cannot refresh the marks of persists in flight: %s", exc)
+
+
 class Persister:
     """One background thread per worker process that writes snapshots, in the order taken.
 
@@ -134,18 +173,34 @@ class Persister:
     behind when a job is preempted again and again (a burst of RT jobs)."""
 
     def __init__(
-        self, store: CheckpointStore, memory: SnapshotMemory, on_failure: Failed, on_written: Callable[[], None]
+        self,
+        store: CheckpointStore,
+        memory: SnapshotMemory,
+        on_failure: Failed,
+        on_written: Callable[[], None],
+        marks: Marks | None = None,
     ):
         self.store = store
         self.memory = memory
         self.on_failure = on_failure
         self.on_written = on_written
+        self.marks = marks  # None: no other worker will look (unit tests)
         self._queue: deque[Persist] = deque()
         self._writing: Persist | None = None
         self._failed_jobs: set[int] = set()
         self.superseded = 0
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+
+    def mark(self, job_id: int, name: str) -> bool:
+        """Say, before the database names it, that this worker will write `name`. False when it
+        cannot be said: the caller then writes the checkpoint itself, before handing over."""
+        return self.marks is None or self.marks.set(job_id, name)
+
+    def unmark(self, job_id: int, name: str) -> None:
+        """A marked checkpoint that will not be submitted after all (its update failed)."""
+        if self.marks is not None:
+            self.marks.clear(job_id, name)
 
     def submit(self, persist: Persist) -> None:
         """Write it in the background. Call only after the database names it."""
@@ -158,10 +213,13 @@ class Persister:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="clockq-persist", daemon=True)
                 self._thread.start()
+                if self.marks is not None:
+                    threading.Thread(target=self._keep_marks, name="clockq-persist-marks", daemon=True).start()
             self._changed.notify_all()
         for old in dropped:
             log.info("job %s: %s superseded by %s before it was written", old.job_id, old.name, persist.name)
             self.memory.release(old.snapshot)
+            self.unmark(old.job_id, old.name)
 
     def pending(self, job_id: int, name: str) -> bytes | None:
         """The state of a checkpoint this worker has yet to write, if it has one: a job that
@@ -219,6 +277,18 @@ class Persister:
                     log.exception("job %s: reporting a failed persist failed", persist.job_id)
             finally:
                 self.memory.release(persist.snapshot)
+                self.unmark(persist.job_id, persist.name)  # after the rename: a claim looks again
                 with self._changed:
                     self._writing = None
                     self._changed.notify_all()
+
+    def _keep_marks(self) -> None:
+        """Refresh the marks while their writes last: a big write outlasts the marks' TTL, and
+        only a worker that stopped (died, frozen) should let them expire."""
+        assert self.marks is not None
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._in_flight()))
+                marked = [(p.job_id, p.name) for p in self._in_flight()]
+            self.marks.refresh(marked)
+            time.sleep(persists.REFRESH_S)

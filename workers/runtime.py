@@ -23,7 +23,7 @@ from clockq.policy.slicing import ewma
 from workers import shutdown
 from workers.checkpoints import CheckpointStore, StorageError, generation_of
 from workers.lease import LeaseKeeper
-from workers.persister import Persist, Persister, SnapshotMemory
+from workers.persister import Marks, Persist, Persister, SnapshotMemory
 from workers.probes import NvmlProbe, SimulatedProbe, make_probe
 from workers.sampler import SliceSampler
 from workers.warm_cache import WarmCache
@@ -101,7 +101,11 @@ class Runtime:
         self.tiers = TierCache()
         self.snapshots = SnapshotMemory(settings.CLOCKQ_SNAPSHOT_MEMORY_MB * 2**20)
         self.persister = Persister(
-            self.store, self.snapshots, on_failure=self.persist_failed, on_written=self.storage_works
+            self.store,
+            self.snapshots,
+            on_failure=self.persist_failed,
+            on_written=self.storage_works,
+            marks=Marks(client, identity.hostname),
         )
         self.warm = WarmCache(settings.CLOCKQ_WARM_CACHE_MB * 2**20, settings.CLOCKQ_WARM_CACHE_JOBS)
         # The part of a switch on this worker that is not the jobs' own checkpoint and restore:

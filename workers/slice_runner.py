@@ -25,7 +25,7 @@ from django.db.models import Count, F, Func, Subquery
 from django.utils import timezone
 from redis import RedisError
 
-from clockq.bus import counters, queues, signals
+from clockq.bus import counters, persists, queues, signals
 from clockq.bus.client import client
 from clockq.jobs import metrics as job_metrics
 from clockq.jobs import quotas
@@ -291,7 +291,7 @@ class JobRun:
         self.last_step: int | None = None
         self.claim_ms = claim_ms
         self.restore_ms = 0.0
-        self.unpersisted: Snapshot | None = None  # a snapshot taken, until its name commits
+        self.unpersisted: tuple[str, Snapshot] | None = None  # a snapshot taken, until its name commits
 
     def run(self) -> RunOutcome:
         self.runtime.leases.hold(self.job_id, self.token)
@@ -374,7 +374,9 @@ class JobRun:
         if state is not None:
             return state  # this worker took the snapshot and has yet to write it
         names = [name for name in self.files if _is_name(name)]
-        restored = self.runtime.store.restore(self.job_id, names, wait_s=settings.CLOCKQ_PERSIST_WAIT_S)
+        restored = self.runtime.store.restore(
+            self.job_id, names, wait_s=settings.CLOCKQ_PERSIST_WAIT_S, writer_of=self._writer_of
+        )
         if restored.name == current:
             return restored.state
         bad = [name for name in self.files if name not in names]
@@ -393,6 +395,13 @@ class JobRun:
             raise LostOwnership("job changed under this worker")
         self.files = self.saved_files = kept
         return restored.state
+
+    def _writer_of(self, name: str) -> str | None:
+        """The worker still writing this checkpoint of the job, if any (clockq/bus/persists.py)."""
+        try:
+            return persists.writer_of(client(), self.job_id, name)
+        except RedisError as exc:
+            return f"(unknown: the broker cannot be read: {exc})"  # wait, up to the bound
 
     def _run_slice(self, workload: Workload, record: SliceRecord) -> bool:
         interrupts, rank = self.runtime.interrupts, self.tier.rank
@@ -603,12 +612,15 @@ class JobRun:
         persister = self.runtime.persister
         # After a failed persist, write the next one at once, so the storage is tried again now.
         snapshot = None if persister.take_failure(self.job_id) else self.runtime.snapshots.take(state)
+        if snapshot is not None and not persister.mark(self.job_id, name):
+            self.runtime.snapshots.release(snapshot)  # a claim elsewhere could not tell it is coming
+            snapshot = None
         if snapshot is None:
-            # Over the snapshot memory bound, or the previous persist failed: write it now.
-            # Outside workload_errors: a storage failure raises StorageError, not the job's.
+            # Over the snapshot memory bound, or the previous persist failed, or no mark: write it
+            # now. Outside workload_errors: a storage failure raises StorageError, not the job's.
             self.runtime.store.write(self.job_id, name, state)
             self.runtime.storage_works()
-        self.unpersisted = snapshot
+        self.unpersisted = (name, snapshot) if snapshot is not None else None
         record.checkpoint_bytes = nbytes
         record.checkpoint_ms = (time.perf_counter() - t0) * 1000
         self.generation += 1
@@ -619,17 +631,20 @@ class JobRun:
     def _persist(self) -> None:
         """The update naming the new checkpoint committed: write it, or, if it was written
         before the update, prune what it replaces."""
-        snapshot, self.unpersisted = self.unpersisted, None
-        if snapshot is not None:
-            self.runtime.persister.submit(Persist(self.job_id, self.files[0], snapshot, tuple(self.files)))
+        unpersisted, self.unpersisted = self.unpersisted, None
+        if unpersisted is not None:
+            name, snapshot = unpersisted
+            self.runtime.persister.submit(Persist(self.job_id, name, snapshot, tuple(self.files)))
         else:
             self.runtime.store.prune(self.job_id, self.files)
 
     def _discard_snapshot(self) -> None:
         """The checkpoint was never named (the job was lost or rolled back): free its memory."""
-        snapshot, self.unpersisted = self.unpersisted, None
-        if snapshot is not None:
+        unpersisted, self.unpersisted = self.unpersisted, None
+        if unpersisted is not None:
+            name, snapshot = unpersisted
             self.runtime.snapshots.release(snapshot)
+            self.runtime.persister.unmark(self.job_id, name)
 
     def _progress_fields(self, record: SliceRecord) -> dict[str, Any]:
         fields = {

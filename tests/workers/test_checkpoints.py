@@ -124,6 +124,39 @@ def test_restore_falls_back_once_the_wait_is_over(store):
     assert "missing after waiting 0.3 s" in restored.skipped[0]
 
 
+def test_restore_waits_only_while_a_writer_is_at_it(store):
+    store.write(7, gen(1), b"older")
+    writing = {gen(2): "gpu0@elsewhere"}
+
+    def write_then_unmark():
+        store.write(7, gen(2), b"newer")
+        writing.clear()  # the mark goes after the rename, as the persister does it
+
+    writer = threading.Timer(0.3, write_then_unmark)
+    writer.start()
+    try:
+        restored = store.restore(7, [gen(2), gen(1)], wait_s=10, writer_of=writing.get)
+    finally:
+        writer.join()
+    assert restored.state == b"newer" and restored.skipped == ()
+
+
+def test_restore_falls_back_at_once_when_nobody_is_writing_the_newest(store):
+    store.write(7, gen(1), b"older")
+    started = time.monotonic()
+    restored = store.restore(7, [gen(2), gen(1)], wait_s=30, writer_of=lambda name: None)
+    assert time.monotonic() - started < 1  # not the 30 s bound: its writer is gone
+    assert restored.state == b"older"
+    assert "no worker is writing it any more" in restored.skipped[0]
+
+
+def test_restore_stops_waiting_for_a_writer_that_never_finishes(store):
+    store.write(7, gen(1), b"older")
+    restored = store.restore(7, [gen(2), gen(1)], wait_s=0.3, writer_of=lambda name: "gpu3@stuck")
+    assert restored.state == b"older"
+    assert "after waiting 0.3 s for its writer gpu3@stuck" in restored.skipped[0]
+
+
 def test_restore_with_nothing_usable_starts_from_the_beginning(store):
     store.write(7, gen(1), b"only")
     store.path(7, gen(1)).unlink()

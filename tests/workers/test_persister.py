@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -157,3 +158,39 @@ def test_prune_after_a_persist_keeps_the_named_generations(store):
         persister.submit(Persist(7, name, memory.take(bytearray(b"s")), keep))
         assert persister.flush(timeout=10)
     assert sorted(p.name for p in store.job_dir(7).glob("*.ckpt")) == names[1:]
+
+
+def test_a_persist_in_flight_is_marked_in_redis_until_written(store, monkeypatch):
+    """The mark a claim elsewhere reads (clockq/bus/persists.py), on the session's real Redis:
+    set before the persist is submitted, refreshed past its TTL while the disk is slow, and
+    cleared once the file is there."""
+    from clockq.bus import persists
+    from clockq.bus.client import client
+    from workers.persister import Marks
+
+    monkeypatch.setattr(persists, "TTL_S", 1)
+    monkeypatch.setattr(persists, "REFRESH_S", 0.2)
+    memory = SnapshotMemory(MB)
+    persister = Persister(store, memory, on_failure=print, on_written=list, marks=Marks(client, "gpu0@here"))
+    name = checkpoint_name(3, CLAIM)
+    assert persister.mark(7, name)
+    persister.submit(Persist(7, name, memory.take(bytearray(10)), (name,)))
+    time.sleep(1.5)  # past the TTL: only the refreshing keeps the mark
+    assert persists.writer_of(client(), 7, name) == "gpu0@here"
+    store.gate.set()
+    assert persister.flush(timeout=10)
+    assert store.path(7, name).exists()
+    assert persists.writer_of(client(), 7, name) is None
+
+
+def test_a_marked_checkpoint_that_is_never_submitted_is_unmarked():
+    from clockq.bus import persists
+    from clockq.bus.client import client
+    from workers.persister import Marks
+
+    marks = Marks(client, "gpu0@here")
+    name = checkpoint_name(4, CLAIM)
+    assert marks.set(8, name)
+    assert persists.writer_of(client(), 8, name) == "gpu0@here"
+    marks.clear(8, name)
+    assert persists.writer_of(client(), 8, name) is None
