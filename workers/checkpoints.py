@@ -215,8 +215,7 @@ class CheckpointStore:
                         ) from None
                 if time.monotonic() >= deadline:
                     raise CheckpointMissing(
-                        f"{name} is missing after waiting {wait_s:g} s for its writer {writer} "
-                        "(stuck, or too slow)"
+                        f"{name} is missing after waiting {wait_s:g} s for its writer {writer} (stuck, or too slow)"
                     ) from None
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
