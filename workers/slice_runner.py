@@ -287,7 +287,9 @@ class JobRun:
         self.last_checkpoint_at = time.monotonic()
         # Metric curves, loaded when the workload first reports one; saved with checkpoints.
         self.curves: dict[str, Series] | None = None
-        self.curves_changed = self.metrics_warned = False
+        self.curves_changed: set[str] = set()  # names with points not saved yet
+        self.curves_stored: set[str] = set()  # names with a row in the database
+        self.metrics_warned = False
         self.last_step: int | None = None
         self.claim_ms = claim_ms
         self.restore_ms = 0.0
@@ -328,7 +330,7 @@ class JobRun:
             self.runtime.interrupts.clear(self.job_id)
             if workload is not None:
                 if keep_warm and self.files:
-                    self.runtime.warm.put(self.job_id, self.files[0], workload, self.checkpoint_bytes)
+                    self.runtime.warm.put(self.job_id, self.files[0], workload, self.checkpoint_bytes, self.curves)
                 else:
                     self.runtime.warm.drop(self.job_id)
                     _close(workload, self.job_id)
@@ -350,7 +352,11 @@ class JobRun:
         current = self.files[0] if self.files else None
         warm = self.runtime.warm.take(self.job_id, current) if current else None
         if warm is not None:
-            return warm  # the same job came back to this worker, still at the checkpoint it left
+            # The same job came back to this worker, still at the checkpoint it left, with the
+            # curves saved with that checkpoint.
+            self.curves = warm.curves
+            self.curves_stored = set(warm.curves or ())
+            return warm.workload
         work_dir = self.runtime.store.work_dir(self.job_id)
         with workload_errors():
             workload = registry.create(self.job.workload, self.job.params)
@@ -536,6 +542,7 @@ class JobRun:
     def _record_metrics(self, records) -> None:
         if self.curves is None:
             self.curves = job_metrics.load(self.job_id)
+            self.curves_stored = set(self.curves)
         kept, problems = clean_metrics(records, set(self.curves))
         if problems and not self.metrics_warned:  # once a claim: a program may send junk every step
             self.metrics_warned = True
@@ -543,14 +550,15 @@ class JobRun:
         for step, name, value in kept:
             self.curves.setdefault(name, Series()).add(step, value)
             self.last_step = step if self.last_step is None else max(self.last_step, step)
-        self.curves_changed = self.curves_changed or bool(kept)
+            self.curves_changed.add(name)
 
     def _save_metrics(self) -> None:
         """With a checkpoint (or the finish): the curves never run ahead of the work that was
         kept, so a slice lost later adds no point past the checkpoint the job resumes from."""
         if self.curves is not None and self.curves_changed:
-            job_metrics.save(self.job_id, self.curves)
-            self.curves_changed = False
+            job_metrics.save(self.job_id, self.curves, self.curves_changed, self.curves_stored)
+            self.curves_stored |= self.curves_changed
+            self.curves_changed = set()
 
     def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
         """Jobs waiting per tier, from the broker's queue lengths: the cheap first look. When
@@ -766,7 +774,7 @@ class JobRun:
         """Forget the slice's own work: back to the last checkpoint the database knows. A
         promoted job had its slice, good or not, and goes back to its own tier."""
         self._return_home()
-        self.curves, self.curves_changed = None, False  # its metric points go with its work
+        self.curves, self.curves_changed = None, set()  # its metric points go with its work
         # Back to the files the database names; the generation number stays, never reused.
         self._discard_snapshot()
         self.files, self.progress = list(self.saved_files), self.saved_progress

@@ -17,15 +17,25 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from clockq.policy.metrics import Series
 from workers.workloads.base import Workload
 
 log = logging.getLogger("clockq.warm")
 
 
 @dataclass
+class Warm:
+    """A yielded job as this worker left it: its workload, and its metric curves as saved with
+    that checkpoint (so a warm resume reads neither back)."""
+
+    workload: Workload
+    curves: dict[str, Series] | None = None
+
+
+@dataclass
 class _Entry:
     checkpoint: str
-    workload: Workload
+    warm: Warm
     nbytes: int
 
 
@@ -35,30 +45,32 @@ class WarmCache:
         self.max_jobs = max_jobs
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
 
-    def put(self, job_id: int, checkpoint: str, workload: Workload, nbytes: int) -> None:
+    def put(
+        self, job_id: int, checkpoint: str, workload: Workload, nbytes: int, curves: dict[str, Series] | None = None
+    ) -> None:
         self.drop(job_id)
         if self.max_jobs <= 0 or nbytes > self.max_bytes:
             _close(workload)
             return
-        self._entries[job_id] = _Entry(checkpoint, workload, nbytes)
+        self._entries[job_id] = _Entry(checkpoint, Warm(workload, curves), nbytes)
         while len(self._entries) > self.max_jobs or sum(e.nbytes for e in self._entries.values()) > self.max_bytes:
             _job, oldest = self._entries.popitem(last=False)
-            _close(oldest.workload)
+            _close(oldest.warm.workload)
 
-    def take(self, job_id: int, checkpoint: str) -> Workload | None:
-        """The cached workload if it is exactly at `checkpoint`; a stale entry is dropped."""
+    def take(self, job_id: int, checkpoint: str) -> Warm | None:
+        """The cached job if it is exactly at `checkpoint`; a stale entry is dropped."""
         entry = self._entries.pop(job_id, None)
         if entry is None:
             return None
         if entry.checkpoint != checkpoint:
-            _close(entry.workload)
+            _close(entry.warm.workload)
             return None
-        return entry.workload
+        return entry.warm
 
     def drop(self, job_id: int) -> None:
         entry = self._entries.pop(job_id, None)
         if entry is not None:
-            _close(entry.workload)
+            _close(entry.warm.workload)
 
     def __len__(self) -> int:
         return len(self._entries)

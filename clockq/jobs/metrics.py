@@ -4,6 +4,7 @@ the job page and the admin."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from clockq.jobs.models import JobMetric
@@ -21,17 +22,17 @@ def load(job_id: int) -> dict[str, Series]:
     }
 
 
-def save(job_id: int, curves: dict[str, Series]) -> None:
-    for name, s in curves.items():
-        JobMetric.objects.update_or_create(
-            job_id=job_id,
-            name=name,
-            defaults={
-                "points": [list(p) for p in s.points],
-                "stride": s.stride,
-                "last": list(s.last) if s.last else None,
-            },
-        )
+def save(job_id: int, curves: dict[str, Series], names: Iterable[str], stored: Iterable[str] = ()) -> None:
+    """Write the curves `names` of this job. Those in `stored`, which the caller loaded or saved
+    before, are updated in one statement each; the others are created (or updated, if another
+    claim created them meanwhile)."""
+    stored = set(stored)
+    for name in names:
+        s = curves[name]
+        fields = {"points": [list(p) for p in s.points], "stride": s.stride, "last": list(s.last) if s.last else None}
+        if name in stored and JobMetric.objects.filter(job_id=job_id, name=name).update(**fields):
+            continue
+        JobMetric.objects.update_or_create(job_id=job_id, name=name, defaults=fields)
 
 
 def curves(job_id: int) -> dict[str, Any]:

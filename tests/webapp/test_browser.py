@@ -132,7 +132,7 @@ def test_the_job_page_draws_its_metric_curves_with_slice_ends(page, alice):
     loss = Series()
     for step in range(1, 101):
         loss.add(step, 1.0 / step)
-    metrics.save(job.pk, {"loss": loss})
+    metrics.save(job.pk, {"loss": loss}, ["loss"])
     now = timezone.now()
     for step, preempted in ((40, False), (70, True)):
         Slice.objects.create(

@@ -73,6 +73,26 @@ def test_a_warm_copy_is_not_used_once_the_job_moved_on_elsewhere(alice):
     assert job.progress == pytest.approx((steps_before + last.steps) / 400)
 
 
+@override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
+def test_a_warm_resume_reads_no_metric_curves_and_updates_them_in_place(alice):
+    """A switch back to the same worker re-reads nothing it already knows: the curves saved with
+    the checkpoint come back with the live workload, and each is then updated in one statement."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from clockq.jobs import metrics
+
+    job = submit(alice, "SP", "curves", steps=400, step_ms=1, state_kb=4)
+    submit(alice, "SP", "rival", steps=1)
+    here = Runtime(WorkerIdentity("gpu0@test", 0))
+    job = _yield_once(job, here)
+    with CaptureQueriesContext(connection) as queries:
+        job = _yield_once(job, here)
+    metric_sql = [q["sql"] for q in queries.captured_queries if "jobs_jobmetric" in q["sql"]]
+    assert len(metric_sql) == 1 and metric_sql[0].startswith("UPDATE"), metric_sql
+    assert metrics.curves(job.pk)["loss"]["latest"][0] == sum(job.slices.values_list("steps", flat=True))
+
+
 def _workload(tmp_path, job_id=1):
     from workers.workloads.base import RunContext
 
@@ -93,6 +113,6 @@ def test_the_cache_respects_its_bounds_and_checkpoints(tmp_path):
     assert cache.take(1, name) is None
     assert cache.take(2, checkpoint_name(5, "b" * 32)) is None  # another claim's: stale, dropped
     assert cache.take(2, name) is None
-    assert cache.take(3, name) is c
+    assert cache.take(3, name).workload is c
     cache.put(4, name, _workload(tmp_path, 4), 10_000)  # larger than the whole cache
     assert len(cache) == 0
