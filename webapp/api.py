@@ -119,22 +119,20 @@ def _submit(request):
     errors, form = _validate(data, request.user)
     if errors is not None:
         return Response(errors, status=400)
+    # A QuotaExceeded from here is answered 400 with its message (webapp/api_errors.py).
     job = services.submit_job(owner=request.user, **form.submission())
-    return Response(
-        JobSerializer(Job.objects.select_related("tier", "original_tier", "owner").get(pk=job.pk)).data,
-        status=status.HTTP_201_CREATED,
-    )
+    return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
 
-class _BatchEntryForm(JobSubmitForm):
-    """A batch's entries are checked one by one except for the quota, which
-    services.submit_jobs checks for the batch as a whole."""
+class _ApiSubmitForm(JobSubmitForm):
+    """The API checks each job's input with the form, but leaves the quota to
+    services.submit_jobs, which checks it once per request, for a batch as a whole."""
 
     def quota_owner(self):
         return None
 
 
-def _validate(data: dict, user, form_class: type[JobSubmitForm] = JobSubmitForm):
+def _validate(data: dict, user):
     """(errors, None) for refused input, else (None, the valid form)."""
     unknown = set(data) - SUBMIT_FIELDS
     if unknown:
@@ -146,7 +144,7 @@ def _validate(data: dict, user, form_class: type[JobSubmitForm] = JobSubmitForm)
     }
     if wrong_type:
         return wrong_type, None
-    form = form_class(data, user=user)
+    form = _ApiSubmitForm(data, user=user)
     if not form.is_valid():
         return form.errors.get_json_data(), None
     return None, form
@@ -167,7 +165,7 @@ def _submit_batch(request):
         if not isinstance(entry, dict):
             errors[str(index)] = {"detail": "must be a JSON object"}
             continue
-        entry_errors, form = _validate(entry, request.user, _BatchEntryForm)
+        entry_errors, form = _validate(entry, request.user)
         if entry_errors is not None:
             errors[str(index)] = entry_errors
         else:
@@ -175,8 +173,7 @@ def _submit_batch(request):
     if errors:
         return Response({"detail": "Nothing was submitted: some entries are refused.", "errors": errors}, status=400)
     created = services.submit_jobs(request.user, submissions)
-    stored = Job.objects.select_related("tier", "original_tier", "owner").in_bulk([job.pk for job in created])
-    return Response(JobSerializer([stored[job.pk] for job in created], many=True).data, status=status.HTTP_201_CREATED)
+    return Response(JobSerializer(created, many=True).data, status=status.HTTP_201_CREATED)
 
 
 @extend_schema(

@@ -82,9 +82,9 @@ class JobSubmitForm(forms.Form):
         workload = cleaned.get("workload")
         if workload and "params" in cleaned:
             try:
-                cleaned["params"] = workloads.validate(
-                    workload, cleaned["params"], may_run_commands=self.may_run_commands()
-                )
+                # The permission is looked up only for a workload that needs it (a query per submit).
+                may_run = workloads.spec(workload).runs_user_code and self.may_run_commands()
+                cleaned["params"] = workloads.validate(workload, cleaned["params"], may_run_commands=may_run)
             except (workloads.UnknownWorkload, PermissionError) as exc:
                 self.add_error("workload", str(exc))
             except workloads.ParamsError as exc:

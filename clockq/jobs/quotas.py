@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Q, Sum
+from django.db.models import Count, Q, Sum
 
 from clockq.jobs.models import Job, UserQuota
 from clockq.policy.states import JobState
@@ -48,14 +48,20 @@ def check_submit(user, declared_state_bytes: int = 0, count: int = 1) -> None:
     """Raise QuotaExceeded if `user` may not submit `count` more jobs now, together declaring
     `declared_state_bytes` of state (a batch is checked as a whole, not job by job)."""
     limits = limits_of(user)
-    active = Job.objects.filter(owner=user, state__in=ACTIVE).count()
+    # One pass over the owner's jobs for both limits (a submit's hot path).
+    totals = Job.objects.filter(owner=user).aggregate(
+        active=Count("id", filter=Q(state__in=ACTIVE)),
+        checkpoints=Sum("checkpoint_bytes", filter=Q(checkpoint_bytes__gt=0)),
+        results=Sum("result_bytes", filter=Q(result_bytes__gt=0)),
+    )
+    active = totals["active"]
     if active + count > limits.max_active_jobs:
         more = "" if count == 1 else f" and this batch would add {count}"
         raise QuotaExceeded(
             f"quota: {user.get_username()} already has {active} queued, running or held jobs{more}, "
             f"the most allowed ({limits.max_active_jobs}); wait for some to finish, or ask an operator"
         )
-    used = checkpoint_bytes_of(user.pk)
+    used = KEPT_GENERATIONS * (totals["checkpoints"] or 0) + (totals["results"] or 0)  # as checkpoint_bytes_of
     needed = used + KEPT_GENERATIONS * declared_state_bytes
     if needed > limits.max_checkpoint_bytes:
         raise QuotaExceeded(

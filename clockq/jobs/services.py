@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from clockq.bus import signals
 from clockq.bus.client import client
-from clockq.bus.dispatch import publish_dispatch
+from clockq.bus.dispatch import publish_dispatches
 from clockq.jobs import control, quotas, workloads
 from clockq.jobs.models import Job, JobEvent, QueueTier
 from clockq.jobs.transitions import Changed, transition
@@ -105,21 +105,14 @@ def submit_jobs(owner, submissions: list[dict], actor: str | None = None) -> lis
             JobEvent(job=job, from_state="", to_state=job.state, reason=reason, actor=who)
             for job, reason in zip(created, reasons, strict=True)
         )
-        any_held = False
-        for job in created:
-            if job.held_for_admission:
-                any_held = True
-            else:
-                _dispatch_on_commit(job, job.tier.queue_name)
-        if any_held:
+        messages = [(job.pk, job.dispatch_token, job.tier.queue_name) for job in created if not job.held_for_admission]
+        if messages:
+            transaction.on_commit(lambda: publish_dispatches(messages))
+        if len(messages) < len(created):
             # Admission may have reopened between our read and this commit, its release sweep
             # running before these jobs existed: look again once they are committed.
             transaction.on_commit(control.release_if_open)
     return created
-
-
-def _dispatch_on_commit(job: Job, queue_name: str) -> None:
-    transaction.on_commit(lambda: publish_dispatch(job.pk, job.dispatch_token, queue_name))
 
 
 def cancel_job(job: Job, actor: str) -> Job:

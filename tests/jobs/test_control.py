@@ -20,7 +20,9 @@ pytestmark = pytest.mark.django_db
 def sent(monkeypatch, django_capture_on_commit_callbacks):
     """The dispatch messages sent, as (job id, queue), with on-commit callbacks run."""
     messages: list[tuple[int, str]] = []
-    monkeypatch.setattr(dispatch, "send_run_slice", lambda job_id, token, queue: messages.append((job_id, queue)))
+    monkeypatch.setattr(
+        dispatch, "send_run_slice", lambda job_id, _token, queue, **_kw: messages.append((job_id, queue))
+    )
     return messages
 
 

@@ -33,7 +33,9 @@ def as_alice(alice):
 def sent(monkeypatch):
     """The dispatch messages sent, as (job id, queue)."""
     messages: list[tuple[int, str]] = []
-    monkeypatch.setattr(dispatch, "send_run_slice", lambda job_id, token, queue: messages.append((job_id, queue)))
+    monkeypatch.setattr(
+        dispatch, "send_run_slice", lambda job_id, _token, queue, **_kw: messages.append((job_id, queue))
+    )
     return messages
 
 

@@ -22,7 +22,7 @@ EXAMPLES = 20_000
 
 @pytest.fixture
 def quiet_dispatch(monkeypatch):
-    monkeypatch.setattr(dispatch, "send_run_slice", lambda job_id, token, queue: None)
+    monkeypatch.setattr(dispatch, "send_run_slice", lambda job_id, token, queue, **_kw: None)
 
 
 def test_a_cached_dataset_is_the_one_a_job_would_build(tmp_path):
