@@ -107,7 +107,9 @@ class Runtime:
             on_written=self.storage_works,
             marks=Marks(client, identity.hostname),
         )
-        self.warm = WarmCache(settings.CLOCKQ_WARM_CACHE_MB * 2**20, settings.CLOCKQ_WARM_CACHE_JOBS)
+        self.warm = WarmCache(
+            settings.CLOCKQ_WARM_CACHE_MB * 2**20, settings.CLOCKQ_WARM_CACHE_JOBS, before_close=self.persister.settle
+        )
         # The part of a switch on this worker that is not the jobs' own checkpoint and restore:
         # requeue, message hop, claim. Measured as GPU idle time between two jobs' steps.
         self.switch_overhead_ms: float | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from redis import RedisError
 from clockq.bus import counters, persists, queues, signals
 from clockq.bus.client import client
 from clockq.jobs import metrics as job_metrics
-from clockq.jobs import quotas
+from clockq.jobs import quotas, workloads
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import Manifest, ResultError, ResultStorageError
@@ -50,7 +51,7 @@ from clockq.policy.slicing import (
 from clockq.policy.states import JobState
 from workers.checkpoints import KEEP_GENERATIONS, StorageError, checkpoint_name, generation_of
 from workers.lease import lease_until
-from workers.persister import Persist, Snapshot
+from workers.persister import POPULATE_FROM_BYTES, Persist, Snapshot
 from workers.runtime import Runtime, TierInfo
 from workers.workloads import registry
 from workers.workloads.base import JobRefused, RunContext, Workload
@@ -305,6 +306,7 @@ class JobRun:
             t0 = time.perf_counter()
             workload = self._restore()
             record.restore_ms = self.restore_ms = (time.perf_counter() - t0) * 1000
+            self._reserve_snapshot_memory()
             self.runtime.probe_load(workload)
             self.runtime.note_switch_in(time.perf_counter(), self.restore_ms)
             while True:
@@ -353,7 +355,8 @@ class JobRun:
         warm = self.runtime.warm.take(self.job_id, current) if current else None
         if warm is not None:
             # The same job came back to this worker, still at the checkpoint it left, with the
-            # curves saved with that checkpoint.
+            # curves saved with that checkpoint. Its snapshot may still be copied out of it.
+            self.runtime.persister.settle(self.job_id)
             self.curves = warm.curves
             self.curves_stored = set(warm.curves or ())
             return warm.workload
@@ -401,6 +404,14 @@ class JobRun:
             raise LostOwnership("job changed under this worker")
         self.files = self.saved_files = kept
         return restored.state
+
+    def _reserve_snapshot_memory(self) -> None:
+        """A job with a big state gets a snapshot buffer made ready while it runs, in the
+        background, so that an RT job preempting it does not wait for the memory to be mapped."""
+        nbytes = self.checkpoint_bytes or workloads.declared_state_bytes(self.job.workload, self.job.params)
+        if nbytes >= POPULATE_FROM_BYTES:
+            snapshots = self.runtime.snapshots
+            threading.Thread(target=snapshots.reserve, args=(nbytes,), name="clockq-reserve", daemon=True).start()
 
     def _writer_of(self, name: str) -> str | None:
         """The worker still writing this checkpoint of the job, if any (clockq/bus/persists.py)."""
@@ -501,8 +512,8 @@ class JobRun:
         if action == BoundaryAction.CONTINUE:
             self._continue(workload, record)
             return None
-        self._checkpoint(workload, record)
         target, outcome = _LEAVE_GPU[action]
+        self._checkpoint(workload, record, park=target == JobState.QUEUED)
         # This job's switch cost, so the planner keeps its switching within the overhead budget:
         # its own checkpoint and restore, plus this worker's measured requeue-hop-claim overhead
         # (until measured, twice the claim: the requeue is a transition like it).
@@ -604,10 +615,15 @@ class JobRun:
             self.saved_files, self.saved_progress = list(self.files), self.progress
             self.saved_checkpoint_bytes = self.checkpoint_bytes
 
-    def _checkpoint(self, workload: Workload, record: SliceRecord) -> None:
+    def _checkpoint(self, workload: Workload, record: SliceRecord, park: bool = False) -> None:
         """Snapshot the state into host memory and name the next generation. The caller's
         ownership-checked update then names it on the job, and only after that commits is it
-        written, in the background (`_persist`): the GPU does not wait for the disk."""
+        written, in the background (`_persist`): the GPU does not wait for the disk.
+
+        With `park` (the job yields to its queue, and its workload waits in the warm cache,
+        unchanged), the copy into host memory is made in the background too, so the GPU does
+        not wait for it either; the workload is neither stepped nor closed before the copy is
+        done (Persister.settle)."""
         t0 = time.perf_counter()
         with workload_errors():
             state = workload.snapshot()
@@ -619,7 +635,7 @@ class JobRun:
         name = checkpoint_name(self.generation + 1, self.token)
         persister = self.runtime.persister
         # After a failed persist, write the next one at once, so the storage is tried again now.
-        snapshot = None if persister.take_failure(self.job_id) else self.runtime.snapshots.take(state)
+        snapshot = None if persister.take_failure(self.job_id) else self.runtime.snapshots.take(state, background=park)
         if snapshot is not None and not persister.mark(self.job_id, name):
             self.runtime.snapshots.release(snapshot)  # a claim elsewhere could not tell it is coming
             snapshot = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from clockq.policy.metrics import Series
@@ -40,9 +41,12 @@ class _Entry:
 
 
 class WarmCache:
-    def __init__(self, max_bytes: int, max_jobs: int):
+    def __init__(self, max_bytes: int, max_jobs: int, before_close: Callable[[int], None] | None = None):
         self.max_bytes = max_bytes
         self.max_jobs = max_jobs
+        # Called with the job id before a workload is closed: its snapshot may still be copied
+        # out of it in the background (Persister.settle).
+        self.before_close = before_close
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
 
     def put(
@@ -50,12 +54,12 @@ class WarmCache:
     ) -> None:
         self.drop(job_id)
         if self.max_jobs <= 0 or nbytes > self.max_bytes:
-            _close(workload)
+            self._close(job_id, workload)
             return
         self._entries[job_id] = _Entry(checkpoint, Warm(workload, curves), nbytes)
         while len(self._entries) > self.max_jobs or sum(e.nbytes for e in self._entries.values()) > self.max_bytes:
-            _job, oldest = self._entries.popitem(last=False)
-            _close(oldest.warm.workload)
+            oldest_job, oldest = self._entries.popitem(last=False)
+            self._close(oldest_job, oldest.warm.workload)
 
     def take(self, job_id: int, checkpoint: str) -> Warm | None:
         """The cached job if it is exactly at `checkpoint`; a stale entry is dropped."""
@@ -63,14 +67,19 @@ class WarmCache:
         if entry is None:
             return None
         if entry.checkpoint != checkpoint:
-            _close(entry.warm.workload)
+            self._close(job_id, entry.warm.workload)
             return None
         return entry.warm
 
     def drop(self, job_id: int) -> None:
         entry = self._entries.pop(job_id, None)
         if entry is not None:
-            _close(entry.warm.workload)
+            self._close(job_id, entry.warm.workload)
+
+    def _close(self, job_id: int, workload: Workload) -> None:
+        if self.before_close is not None:
+            self.before_close(job_id)
+        _close(workload)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -70,6 +70,21 @@ def test_the_snapshot_memory_bound_holds_and_buffers_are_reused():
     assert sum(len(b) for b in memory._free) <= 3 * MB
 
 
+def test_a_reserved_buffer_is_ready_for_the_first_snapshot_and_within_the_bound():
+    memory = SnapshotMemory(40 * MB)
+    assert memory.reserve(16 * MB)
+    (ready,) = memory._free
+    assert len(ready) == 16 * MB
+    assert memory.reserve(16 * MB) and len(memory._free) == 1  # one is ready already
+    assert not memory.reserve(32 * MB)  # 16 + 32 would pass the bound of 40
+
+    snapshot = memory.take([b"head", bytearray(b"x" * (16 * MB))])
+    assert snapshot._buffers == [ready]  # copied into the reserved buffer, not a new one
+    assert snapshot.join() == b"head" + b"x" * (16 * MB)
+    memory.release(snapshot)
+    assert memory.in_flight == 0 and memory._free == [ready]
+
+
 def test_a_state_larger_than_the_bound_is_never_snapshotted():
     assert SnapshotMemory(MB).take(bytearray(MB + 1)) is None
     assert SnapshotMemory(0).take(b"x") is None
@@ -194,3 +209,47 @@ def test_a_marked_checkpoint_that_is_never_submitted_is_unmarked():
     assert persists.writer_of(client(), 8, name) == "gpu0@here"
     marks.clear(8, name)
     assert persists.writer_of(client(), 8, name) is None
+
+
+class GatedCopies(SnapshotMemory):
+    """Real snapshot memory whose background copies wait for the test: a slow copy, on demand."""
+
+    def __init__(self, max_bytes):
+        super().__init__(max_bytes)
+        self.gate = threading.Event()
+
+    def _copy(self, snapshot, chunks, views):
+        if threading.current_thread().name == "clockq-snapshot":
+            assert self.gate.wait(10), "the test never opened the gate"
+        super()._copy(snapshot, chunks, views)
+
+
+def test_a_parked_workloads_snapshot_is_copied_in_the_background_and_settled_before_it_changes(store):
+    memory = GatedCopies(10 * MB)
+    persister = _persister(store, memory)
+    live = bytearray(b"a" * 1000)
+    started = time.monotonic()
+    snapshot = memory.take([b"head", live], background=True)
+    assert time.monotonic() - started < 0.5  # the GPU's thread did not wait for the copy
+    name = checkpoint_name(5, CLAIM)
+    persister.submit(Persist(7, name, snapshot, (name,)))
+
+    settled = threading.Event()
+    threading.Thread(target=lambda: (persister.settle(7), settled.set()), daemon=True).start()
+    assert not settled.wait(0.3)  # the workload may not change yet: its copy is still to come
+    memory.gate.set()
+    assert settled.wait(10)
+    live[:] = b"b" * 1000  # the job runs again: its next step changes the live state
+
+    store.gate.set()
+    assert persister.flush(timeout=10)
+    assert store.read(7, name) == b"head" + b"a" * 1000  # the state it was parked with
+    assert memory.in_flight == 0
+
+
+def test_a_background_copy_is_finished_before_its_memory_is_given_back():
+    memory = GatedCopies(10 * MB)
+    snapshot = memory.take([bytearray(b"x" * 100)], background=True)
+    threading.Timer(0.2, memory.gate.set).start()
+    memory.release(snapshot)  # a discarded snapshot: waits for its copy, then frees the buffer
+    assert memory.gate.is_set() and memory.in_flight == 0
