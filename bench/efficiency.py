@@ -56,7 +56,8 @@ BASELINE_SLICE_MS = 600_000
 PHASES = ("decide", "checkpoint", "record", "hop+claim", "start", "restore")
 PHASE_HELP = (
     "decide: boundary read of the job row, queue lengths (LLEN), DB confirm, CAS update of the requeue; "
-    "checkpoint: A.checkpoint_ms (serialise, checksum, write, fsync, rename); record: JobEvent and Slice inserts; "
+    "checkpoint: A.checkpoint_ms (snapshot into host memory, its Redis mark; the write is in the background); "
+    "record: JobEvent, metric and Slice writes; "
     "hop+claim: COMMIT, publish of A's requeue message, task return and ack, BRPOP of B's message, hand-off to "
     "the pool child, B's claim read and CAS update; start: JobEvent, COMMIT, tier read up to B.started_at; "
     "restore: B.restore_ms (0 on a warm resume)"

@@ -46,7 +46,9 @@ JobEvent and Slice timestamps of the busy job P that made way:
                process's clock reading when its subscriber woke: under heavy load (large
                checkpoints on 2 CPUs) it wakes late and step end can read negative
     decide     boundary read of P's row, queue lengths (LLEN), DB confirm, CAS update (requeue)
-    checkpoint P.checkpoint_ms: serialise, checksum, write, fsync, rename, directory fsync
+    checkpoint P.checkpoint_ms: the snapshot (its copy into host memory is made in the background
+               while the RT job starts) and its Redis mark; the write, fsync and rename are in the
+               background, competing for the CPUs and the disk
     record     JobEvent and Slice inserts, up to P.ended_at
     hop+claim  COMMIT, publish of P's requeue message, task return and ack, BRPOP of the RT
                message, hand-off to the pool child, DB connection, claim read -> first_started_at

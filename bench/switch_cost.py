@@ -36,8 +36,11 @@ that add up to it exactly, in the order they happen:
 
     decide      boundary read of the job row, queue lengths from Redis, BEGIN, the CAS read and update
                 of the requeue transition  (A's running->queued JobEvent.at - compute end - checkpoint)
-    checkpoint  state_dict, CRC-32, write, fsync, rename, directory fsync  (A.checkpoint_ms)
-    record      JobEvent insert and job re-read, up to A.ended_at
+    checkpoint  the snapshot: state into host memory (at a yield, copied in the background while the
+                GPU serves the next job) and its Redis mark; or, past the snapshot memory bound, the
+                whole write (CRC-32, write, fsync, rename)  (A.checkpoint_ms). The persist itself runs
+                in the background, and competes for the CPUs
+    record      JobEvent insert and the metric curves' update, up to A.ended_at
     commit      Slice insert, COMMIT, publish of A's requeue message, task return, result to
                 the pool's parent, ack  (A.ended_at -> A's Celery task-succeeded event)
     fetch       event flush, BRPOP of B's message, decode  (-> B's task-received event)
