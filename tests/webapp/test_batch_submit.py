@@ -154,3 +154,39 @@ def test_a_rotated_token_stops_working_and_the_new_one_works(client, alice, bob)
     assert post(client, [job("after")], old).status_code in (401, 403)
     assert client.get("/api/jobs", **old).status_code in (401, 403)
     assert post(client, [job("after")], {"HTTP_AUTHORIZATION": f"Token {new}"}).status_code == 201
+
+
+def _api_calls(job_id: int) -> list[tuple[str, str]]:
+    """Every /api/ route (webapp/urls.py), as (method, path) for one of the caller's jobs."""
+    return [
+        ("GET", "/api/jobs"),
+        ("GET", f"/api/jobs/{job_id}?history=1"),
+        ("GET", f"/api/jobs/{job_id}/metrics"),
+        ("GET", f"/api/jobs/{job_id}/result"),
+        ("GET", f"/api/jobs/{job_id}/result/state.bin"),
+        ("GET", "/api/queues"),
+        ("GET", "/api/gpus"),
+        ("GET", "/api/kpis"),
+        ("POST", f"/api/jobs/{job_id}/promote"),
+        ("POST", f"/api/jobs/{job_id}/cancel"),
+    ]
+
+
+def test_a_token_works_on_every_api_endpoint_and_a_rotated_one_on_none(client, operator, sent):
+    """Staff, so that promote is allowed too. A job's result does not exist yet: a 404 (or 409)
+    there is the endpoint's own answer, after the token was accepted."""
+    job = submit(operator, "SP", "auth-probe")
+    auth = token_auth(operator)
+    answers = {}
+    for method, path in _api_calls(job.pk):
+        body = json.dumps({"tier": "HP"}) if path.endswith("/promote") else ""
+        answers[path] = client.generic(method, path, body, content_type="application/json", **auth).status_code
+    assert not {path: code for path, code in answers.items() if code in (401, 403)}, answers
+    assert answers["/api/jobs"] == 200 and answers[f"/api/jobs/{job.pk}/cancel"] == 200
+
+    key = auth["HTTP_AUTHORIZATION"].split()[1][:15]
+    client.force_login(operator)
+    assert client.post(f"/account/tokens/{key}/rotate").status_code == 200
+    client.logout()
+    for method, path in _api_calls(job.pk):
+        assert client.generic(method, path, "", content_type="application/json", **auth).status_code == 401, path
