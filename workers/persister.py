@@ -62,9 +62,13 @@ class Snapshot:
     _copied: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None  # what went wrong with the copy, if anything
 
+    def wait_copied(self) -> None:
+        """Until the copy is done, whatever became of it."""
+        self._copied.wait()
+
     def wait(self) -> None:
         """Until the copy is done; raises what went wrong with it."""
-        self._copied.wait()
+        self.wait_copied()
         if self.error is not None:
             raise StorageError(f"snapshot copy failed: {self.error!r}") from self.error
 
@@ -91,9 +95,9 @@ class SnapshotMemory:
         advance, if the bound allows it. A worker calls it from a thread when it claims a job
         with a big state, so that the job's first preemption copies into memory already mapped
         (an RT job waits for that copy). True if one is ready."""
+        if self.ready_for(nbytes):
+            return True
         with self._lock:
-            if any(nbytes <= len(b) <= 2 * nbytes for b in self._free):
-                return True
             if nbytes <= 0 or self._held() + nbytes > self.max_bytes:
                 return False
         buffer = _allocate(nbytes)  # outside the lock: this is the slow part
@@ -102,6 +106,11 @@ class SnapshotMemory:
                 return False  # snapshots took the room meanwhile
             self._free.append(buffer)
         return True
+
+    def ready_for(self, nbytes: int) -> bool:
+        """Whether a free buffer would take a snapshot of `nbytes` without a new allocation."""
+        with self._lock:
+            return any(nbytes <= len(b) <= 2 * nbytes for b in self._free)
 
     def _held(self) -> int:
         return self.in_flight + sum(len(b) for b in self._free)
@@ -155,7 +164,7 @@ class SnapshotMemory:
             snapshot._copied.set()
 
     def release(self, snapshot: Snapshot) -> None:
-        snapshot._copied.wait()  # a copy still being made into its buffers finishes first
+        snapshot.wait_copied()  # a copy still being made into its buffers finishes first
         with self._lock:
             self.in_flight -= snapshot.nbytes
             held = self.in_flight + sum(len(b) for b in self._free)
@@ -307,7 +316,7 @@ class Persister:
         with self._changed:
             snapshots = [p.snapshot for p in self._in_flight() if p.job_id == job_id]
         for snapshot in snapshots:
-            snapshot._copied.wait()
+            snapshot.wait_copied()
 
     def unwritten(self, job_id: int) -> set[str]:
         """The job's checkpoints that this worker has named but not written (yet, or ever: a

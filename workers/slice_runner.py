@@ -409,8 +409,8 @@ class JobRun:
         """A job with a big state gets a snapshot buffer made ready while it runs, in the
         background, so that an RT job preempting it does not wait for the memory to be mapped."""
         nbytes = self.checkpoint_bytes or workloads.declared_state_bytes(self.job.workload, self.job.params)
-        if nbytes >= POPULATE_FROM_BYTES:
-            snapshots = self.runtime.snapshots
+        snapshots = self.runtime.snapshots
+        if nbytes >= POPULATE_FROM_BYTES and not snapshots.ready_for(nbytes):  # no thread per claim
             threading.Thread(target=snapshots.reserve, args=(nbytes,), name="clockq-reserve", daemon=True).start()
 
     def _writer_of(self, name: str) -> str | None:

@@ -54,12 +54,12 @@ class WarmCache:
     ) -> None:
         self.drop(job_id)
         if self.max_jobs <= 0 or nbytes > self.max_bytes:
-            self._close(job_id, workload)
+            self._close_entry(job_id, workload)
             return
         self._entries[job_id] = _Entry(checkpoint, Warm(workload, curves), nbytes)
         while len(self._entries) > self.max_jobs or sum(e.nbytes for e in self._entries.values()) > self.max_bytes:
             oldest_job, oldest = self._entries.popitem(last=False)
-            self._close(oldest_job, oldest.warm.workload)
+            self._close_entry(oldest_job, oldest.warm.workload)
 
     def take(self, job_id: int, checkpoint: str) -> Warm | None:
         """The cached job if it is exactly at `checkpoint`; a stale entry is dropped."""
@@ -67,16 +67,16 @@ class WarmCache:
         if entry is None:
             return None
         if entry.checkpoint != checkpoint:
-            self._close(job_id, entry.warm.workload)
+            self._close_entry(job_id, entry.warm.workload)
             return None
         return entry.warm
 
     def drop(self, job_id: int) -> None:
         entry = self._entries.pop(job_id, None)
         if entry is not None:
-            self._close(job_id, entry.warm.workload)
+            self._close_entry(job_id, entry.warm.workload)
 
-    def _close(self, job_id: int, workload: Workload) -> None:
+    def _close_entry(self, job_id: int, workload: Workload) -> None:
         if self.before_close is not None:
             self.before_close(job_id)
         _close(workload)

@@ -40,7 +40,14 @@ def checkpoint_bytes_of(owner_id: int, *, excluding_job: int | None = None) -> i
     jobs = Job.objects.filter(Q(checkpoint_bytes__gt=0) | Q(result_bytes__gt=0), owner_id=owner_id)
     if excluding_job is not None:
         jobs = jobs.exclude(pk=excluding_job)
-    totals = jobs.aggregate(checkpoints=Sum("checkpoint_bytes"), results=Sum("result_bytes"))
+    return _held(jobs.aggregate(**_STORAGE))
+
+
+# What checkpoint_bytes_of sums, as aggregates, so that a submit can fold them into its own pass.
+_STORAGE = {"checkpoints": Sum("checkpoint_bytes"), "results": Sum("result_bytes")}
+
+
+def _held(totals: dict) -> int:
     return KEPT_GENERATIONS * (totals["checkpoints"] or 0) + (totals["results"] or 0)
 
 
@@ -49,11 +56,7 @@ def check_submit(user, declared_state_bytes: int = 0, count: int = 1) -> None:
     `declared_state_bytes` of state (a batch is checked as a whole, not job by job)."""
     limits = limits_of(user)
     # One pass over the owner's jobs for both limits (a submit's hot path).
-    totals = Job.objects.filter(owner=user).aggregate(
-        active=Count("id", filter=Q(state__in=ACTIVE)),
-        checkpoints=Sum("checkpoint_bytes", filter=Q(checkpoint_bytes__gt=0)),
-        results=Sum("result_bytes", filter=Q(result_bytes__gt=0)),
-    )
+    totals = Job.objects.filter(owner=user).aggregate(active=Count("id", filter=Q(state__in=ACTIVE)), **_STORAGE)
     active = totals["active"]
     if active + count > limits.max_active_jobs:
         more = "" if count == 1 else f" and this batch would add {count}"
@@ -61,7 +64,7 @@ def check_submit(user, declared_state_bytes: int = 0, count: int = 1) -> None:
             f"quota: {user.get_username()} already has {active} queued, running or held jobs{more}, "
             f"the most allowed ({limits.max_active_jobs}); wait for some to finish, or ask an operator"
         )
-    used = KEPT_GENERATIONS * (totals["checkpoints"] or 0) + (totals["results"] or 0)  # as checkpoint_bytes_of
+    used = _held(totals)
     needed = used + KEPT_GENERATIONS * declared_state_bytes
     if needed > limits.max_checkpoint_bytes:
         raise QuotaExceeded(

@@ -108,7 +108,7 @@ def submit_jobs(owner, submissions: list[dict], actor: str | None = None) -> lis
         messages = [(job.pk, job.dispatch_token, job.tier.queue_name) for job in created if not job.held_for_admission]
         if messages:
             transaction.on_commit(lambda: publish_dispatches(messages))
-        if len(messages) < len(created):
+        if any(job.held_for_admission for job in created):
             # Admission may have reopened between our read and this commit, its release sweep
             # running before these jobs existed: look again once they are committed.
             transaction.on_commit(control.release_if_open)

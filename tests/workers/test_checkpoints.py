@@ -104,14 +104,19 @@ def test_restore_reads_only_what_it_is_named(store):
     assert store.restore(7, [gen(1)]).state == b"named"
 
 
-def test_restore_waits_for_the_newest_while_it_is_being_written(store):
-    store.write(7, gen(1), b"older")
-    writer = threading.Timer(0.3, lambda: store.write(7, gen(2), b"newer"))
+def _restore_while_written(store, write, **restore_kw):
+    """Restore [gen 2, gen 1] of job 7 while `write` puts gen 2 in place 0.3 s later."""
+    writer = threading.Timer(0.3, write)
     writer.start()
     try:
-        restored = store.restore(7, [gen(2), gen(1)], wait_s=10)
+        return store.restore(7, [gen(2), gen(1)], wait_s=10, **restore_kw)
     finally:
         writer.join()
+
+
+def test_restore_waits_for_the_newest_while_it_is_being_written(store):
+    store.write(7, gen(1), b"older")
+    restored = _restore_while_written(store, lambda: store.write(7, gen(2), b"newer"))
     assert restored.state == b"newer" and restored.skipped == ()
 
 
@@ -132,12 +137,7 @@ def test_restore_waits_only_while_a_writer_is_at_it(store):
         store.write(7, gen(2), b"newer")
         writing.clear()  # the mark goes after the rename, as the persister does it
 
-    writer = threading.Timer(0.3, write_then_unmark)
-    writer.start()
-    try:
-        restored = store.restore(7, [gen(2), gen(1)], wait_s=10, writer_of=writing.get)
-    finally:
-        writer.join()
+    restored = _restore_while_written(store, write_then_unmark, writer_of=writing.get)
     assert restored.state == b"newer" and restored.skipped == ()
 
 
