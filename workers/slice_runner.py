@@ -22,14 +22,14 @@ from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Func, Subquery
+from django.db.models import F
 from django.utils import timezone
 from redis import RedisError
 
 from clockq.bus import counters, persists, queues, signals
 from clockq.bus.client import client
+from clockq.jobs import hot_sql, quotas, workloads
 from clockq.jobs import metrics as job_metrics
-from clockq.jobs import quotas, workloads
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import Manifest, ResultError, ResultStorageError
@@ -182,7 +182,7 @@ _CLAIM_ONLY_FIELDS = ("state", "enqueued_at", "submitted_at", "first_started_at"
 def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
     """Take a queued job for this worker. None if the message is stale, or the job cannot run
     here (its deadline passed, or it does not fit in this GPU's free memory)."""
-    row = Job.objects.filter(pk=job_id).values(*ClaimedJob.FIELDS, *_CLAIM_ONLY_FIELDS).first()
+    row = hot_sql.select_one(Job, job_id, (*ClaimedJob.FIELDS, *_CLAIM_ONLY_FIELDS))
     if row is None or row["state"] != JobState.QUEUED or row["dispatch_token"] != token:
         log.info("job %s: dropping stale message (token %s)", job_id, token[:8])
         return None
@@ -460,26 +460,18 @@ class JobRun:
     def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> RunOutcome | None:
         """Finish, continue (None) or leave the GPU, as the policy decides.
 
-        One database read: the job's row, with the queued counts that confirm the broker's when
-        the broker says someone waits ahead of it (`_waiting_by_rank`)."""
-        rank = self.home.rank  # what it decides as, unless an operator moved it meanwhile
-        waiting = [] if done else self._waiting_by_rank(rank, record.cut_short)
-        confirm = not record.cut_short and waiting_ahead(rank, waiting) > 0
-        query = Job.objects.filter(pk=self.job_id)
-        if confirm:
-            query = query.annotate(**{f"queued_{r}": _queued_at(r) for r in range(rank + 1)})
-        counts = [f"queued_{r}" for r in range(rank + 1)] if confirm else []
-        row = query.values("state", "dispatch_token", "pending_action", "tier_id", *counts).first()
+        The job's row, and, only when the broker says someone waits ahead of it
+        (`_waiting_by_rank`), the queued counts in the database that confirm it."""
+        waiting = [] if done else self._waiting_by_rank(self.home.rank, record.cut_short)
+        row = hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
         if row is None or row["state"] != RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
         self.runtime.interrupts.clear(self.job_id)
         if row["tier_id"] != self.tier.id:  # moved by an operator while running
             self.tier = self.runtime.tiers.get(row["tier_id"])
-        self._return_home()  # decide as a job of its own tier from here on
-        if confirm and self.tier.rank == rank:
-            waiting = [row.get(f"queued_{r}") or 0 for r in range(len(waiting))]
-        elif not done and not record.cut_short and waiting_ahead(self.tier.rank, waiting):
-            waiting = _queued_by_rank(self.tier.rank, len(waiting))  # its tier changed under it
+        self._return_home()  # decide as a job of its own tier from here on (an operator may have moved it)
+        if not record.cut_short and waiting_ahead(self.tier.rank, waiting):
+            waiting = hot_sql.queued_by_rank(self.tier.rank, len(waiting))
         decision = decide_at_boundary(
             Boundary(
                 done=done,
@@ -600,8 +592,10 @@ class JobRun:
             self._checkpoint(workload, record)
         now = timezone.now()
         with transaction.atomic():
-            updated = Job.objects.filter(pk=self.job_id, state=RUNNING, dispatch_token=self.token).update(
-                **self._progress_fields(record), lease_expires_at=lease_until(), slice_started_at=now
+            updated = hot_sql.update(
+                Job,
+                {"id": self.job_id, "state": RUNNING, "dispatch_token": self.token},
+                {**self._progress_fields(record), "lease_expires_at": lease_until(), "slice_started_at": now},
             )
             if updated != 1:
                 raise LostOwnership("job changed under this worker")
@@ -719,23 +713,26 @@ class JobRun:
             self._save_slice(record, outcome)
 
     def _save_slice(self, record: SliceRecord, outcome: SliceOutcome, ended_at: datetime | None = None) -> None:
-        Slice.objects.create(
-            job_id=self.job_id,
-            worker=self.runtime.identity.hostname,
-            gpu_index=self.runtime.identity.gpu_index,
-            started_at=record.started_at,
-            ended_at=ended_at or timezone.now(),
-            planned_ms=record.plan.ms,
-            plan_reason=record.plan.reason,
-            used_ms=int(record.used_ms),
-            steps=record.steps,
-            outcome=outcome,
-            checkpoint_bytes=record.checkpoint_bytes,
-            checkpoint_ms=record.checkpoint_ms,
-            restore_ms=record.restore_ms,
-            gpu_util=record.gpu_util,
-            last_step=self.last_step,
-            preempted=record.preempted,
+        hot_sql.insert(
+            Slice,
+            {
+                "job_id": self.job_id,
+                "worker": self.runtime.identity.hostname,
+                "gpu_index": self.runtime.identity.gpu_index,
+                "started_at": record.started_at,
+                "ended_at": ended_at or timezone.now(),
+                "planned_ms": record.plan.ms,
+                "plan_reason": record.plan.reason,
+                "used_ms": int(record.used_ms),
+                "steps": record.steps,
+                "outcome": outcome,
+                "checkpoint_bytes": record.checkpoint_bytes,
+                "checkpoint_ms": record.checkpoint_ms,
+                "restore_ms": record.restore_ms,
+                "gpu_util": record.gpu_util,
+                "last_step": self.last_step,
+                "preempted": record.preempted,
+            },
         )
         switched = outcome == SliceOutcome.YIELDED
         counters.count_slice(
@@ -855,22 +852,3 @@ def _names_to_keep(names: list[str], unwritten: set[str]) -> list[str]:
         if len(kept) >= KEEP_GENERATIONS and name not in unwritten:
             break
     return kept
-
-
-def _queued_at(rank: int) -> Subquery:
-    """How many jobs are queued in the tier of this rank, as a subquery of the boundary's read."""
-    return Subquery(
-        Job.objects.filter(state=JobState.QUEUED, tier__rank=rank)
-        .order_by()
-        .annotate(n=Func(F("id"), function="COUNT"))
-        .values("n")
-    )
-
-
-def _queued_by_rank(rank: int, ranks: int) -> list[int]:
-    counts = dict(
-        Job.objects.filter(state=JobState.QUEUED, tier__rank__lte=rank)
-        .values_list("tier__rank")
-        .annotate(n=Count("id"))
-    )
-    return [counts.get(r, 0) for r in range(ranks)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from clockq.jobs import hot_sql
 from clockq.jobs.models import JobMetric
 from clockq.policy.metrics import Series
 
@@ -30,7 +31,7 @@ def save(job_id: int, curves: dict[str, Series], names: Iterable[str], stored: I
     for name in names:
         s = curves[name]
         fields = {"points": [list(p) for p in s.points], "stride": s.stride, "last": list(s.last) if s.last else None}
-        if name in stored and JobMetric.objects.filter(job_id=job_id, name=name).update(**fields):
+        if name in stored and hot_sql.update(JobMetric, {"job_id": job_id, "name": name}, fields):
             continue
         JobMetric.objects.update_or_create(job_id=job_id, name=name, defaults=fields)
 

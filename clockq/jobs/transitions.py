@@ -12,11 +12,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from clockq.bus.dispatch import publish_dispatch
+from clockq.jobs import hot_sql
 from clockq.jobs.models import Job, JobEvent, new_token
 from clockq.policy.slicing import PendingAction
 from clockq.policy.states import JobState, can_transition
 
 log = logging.getLogger("clockq.transitions")
+_EVERY_SWITCH = frozenset({(JobState.QUEUED, JobState.RUNNING), (JobState.RUNNING, JobState.QUEUED)})
 
 
 @dataclass(frozen=True)
@@ -90,13 +92,17 @@ def transition(
             state, current_token = current
             if state not in expect or (token is not None and current_token != token):
                 return None
-        match = Job.objects.filter(pk=job_id, state=state, dispatch_token=current_token)
-        if match.update(**fields) != 1:
+        # Hand-written statements (hot_sql): a slice switch runs this twice, the claim and the requeue.
+        if hot_sql.update(Job, {"id": job_id, "state": state, "dispatch_token": current_token}, fields) != 1:
             return None  # another process got there first, or the token is stale
-        JobEvent.objects.create(job_id=job_id, from_state=state, to_state=to, reason=reason[:2000], actor=actor)
+        hot_sql.insert(
+            JobEvent, {"job_id": job_id, "from_state": state, "to_state": to, "reason": reason[:2000], "actor": actor}
+        )
         changed = Changed(job_id, state, fields.get("dispatch_token", current_token))
         if to == JobState.QUEUED:
             queue = queue_name or Job.objects.filter(pk=job_id).values_list("tier__queue_name", flat=True).get()
             transaction.on_commit(lambda: publish_dispatch(job_id, changed.token, queue))
-    log.info("job %s: %s -> %s (%s) by %s", job_id, state, to, reason, actor)
+    # Claims and requeues are every slice switch: their record is the job's history, not the log.
+    level = logging.DEBUG if (state, to) in _EVERY_SWITCH else logging.INFO
+    log.log(level, "job %s: %s -> %s (%s) by %s", job_id, state, to, reason, actor)
     return changed

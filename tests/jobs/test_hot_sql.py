@@ -1,0 +1,106 @@
+"""The switch's hand-written statements read and write exactly what the ORM would (this suite
+runs on SQLite and on PostgreSQL)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db.models import F
+from django.db.models.functions import Greatest
+from django.forms.models import model_to_dict
+from django.utils import timezone
+
+from clockq.jobs import hot_sql
+from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
+from tests.helpers import submit
+
+pytestmark = pytest.mark.django_db
+
+FIELDS = ("id", "state", "dispatch_token", "tier_id", "params", "deadline", "checkpoint_files", "progress", "util_ewma")
+
+
+def _row(job: Job) -> dict:
+    row = model_to_dict(Job.objects.get(pk=job.pk))
+    for own in ("id", "name", "dispatch_token", "submitted_at", "enqueued_at", "dispatched_at"):
+        row.pop(own, None)  # each job's own
+    return row
+
+
+def test_select_one_reads_what_the_orm_reads(alice):
+    job = submit(alice, "HP", "a", steps=3)
+    Job.objects.filter(pk=job.pk).update(
+        deadline=timezone.now() + timedelta(hours=1), checkpoint_files=["gen-1-x.ckpt"], util_ewma=0.5
+    )
+
+    got = hot_sql.select_one(Job, job.pk, FIELDS)
+
+    assert got == Job.objects.filter(pk=job.pk).values(*FIELDS).first()
+    assert got["deadline"].tzinfo is not None and isinstance(got["params"], dict)
+    assert hot_sql.select_one(Job, job.pk + 1000, FIELDS) is None
+
+
+def test_update_writes_what_the_orm_writes(alice):
+    now = timezone.now()
+    ours, theirs = submit(alice, "SP", "a"), submit(alice, "SP", "a")
+    values = {
+        "state": "running",
+        "checkpoint_files": ["gen-2-a.ckpt", "gen-1-a.ckpt"],
+        "wait_ms": F("wait_ms") + 250,
+        "tier_id": F("original_tier_id"),
+        "lease_expires_at": now,
+        "util_ewma": None,
+        "worker": "gpu0@here",
+    }
+
+    changed = hot_sql.update(Job, {"id": ours.pk, "state": "queued", "dispatch_token": ours.dispatch_token}, values)
+    Job.objects.filter(pk=theirs.pk).update(**values)
+
+    assert changed == 1
+    assert _row(ours) == _row(theirs)
+    assert Job.objects.get(pk=ours.pk).wait_ms == 250
+
+
+def test_update_counts_nothing_when_the_compare_and_set_misses(alice):
+    job = submit(alice, "SP", "a")
+
+    assert hot_sql.update(Job, {"id": job.pk, "dispatch_token": "0" * 32}, {"state": "running"}) == 0
+    assert Job.objects.get(pk=job.pk).state == "queued"
+
+
+def test_an_expression_it_does_not_know_goes_through_the_orm(alice):
+    job = submit(alice, "SP", "a")
+
+    assert hot_sql.update(Job, {"id": job.pk}, {"wait_ms": Greatest(F("wait_ms"), 70)}) == 1
+    assert Job.objects.get(pk=job.pk).wait_ms == 70
+
+
+def test_insert_fills_defaults_and_auto_now(alice):
+    job = submit(alice, "SP", "a")
+    before = timezone.now()
+    event = {"job_id": job.pk, "from_state": "queued", "to_state": "running", "reason": "r", "actor": "w"}
+    hot_sql.insert(JobEvent, event)
+    hot_sql.insert(
+        Slice,
+        {"job": job.pk, "worker": "w", "gpu_index": 0, "started_at": before, "ended_at": before}
+        | {"planned_ms": 50, "used_ms": 49, "outcome": "yielded", "gpu_util": None},
+    )
+
+    written = JobEvent.objects.filter(job=job, reason="r").get()
+    assert before <= written.at <= timezone.now()
+    piece = Slice.objects.get(job=job)
+    defaults = (piece.steps, piece.checkpoint_ms, piece.preempted, piece.gpu_util, piece.plan_reason)
+    assert defaults == (0, 0.0, False, None, "")
+    with pytest.raises(TypeError, match="no field"):
+        hot_sql.insert(JobEvent, {"job_id": job.pk, "color": "red"})
+
+
+def test_queued_by_rank_counts_what_the_orm_counts(alice):
+    for tier, n in (("RT", 1), ("SP", 3), ("BK", 2)):
+        for _ in range(n):
+            submit(alice, tier, "q")
+    Job.objects.filter(pk=submit(alice, "SP", "running").pk).update(state="running")
+
+    ranks = {t.code: t.rank for t in QueueTier.objects.all()}
+    assert hot_sql.queued_by_rank(ranks["SP"], 5) == [1, 0, 3, 0, 0]
+    assert hot_sql.queued_by_rank(ranks["BK"], 5) == [1, 0, 3, 0, 2]
