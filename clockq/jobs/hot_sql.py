@@ -54,10 +54,10 @@ def update(model: type[models.Model], where: Mapping[str, Any], values: Mapping[
     for (name, kind), field in zip(shape, set_fields, strict=True):
         value = values[name]
         if kind == "value":
-            params.append(field.get_db_prep_save(value, connection))
+            params.append(_prep(field, value))
         elif kind and kind.startswith("add:"):
             params.append(value.rhs.value)
-    params += [field.get_db_prep_save(where[name], connection) for name, field in zip(where, where_fields, strict=True)]
+    params += [_prep(field, where[name]) for name, field in zip(where, where_fields, strict=True)]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
@@ -78,7 +78,7 @@ def insert(model: type[models.Model], values: Mapping[str, Any]) -> None:
             value = now = now or timezone.now()
         else:
             value = field.get_default()
-        params.append(field.get_db_prep_save(value, connection))
+        params.append(_prep(field, value))
     unknown = set(values) - {f.attname for f in fields} - {f.name for f in fields}
     if unknown:
         raise TypeError(f"{model.__name__} has no field(s) {sorted(unknown)}")
@@ -113,6 +113,13 @@ def _field(model: type[models.Model], name: str) -> models.Field:
         if name in (field.name, field.attname):
             return field
     raise FieldDoesNotExist(f"{model.__name__} has no field {name!r}")
+
+
+def _prep(field: models.Field, value: Any) -> Any:
+    """A value as the database takes it; a related object (tier=<QueueTier>) by its key, as the ORM."""
+    if field.is_relation and isinstance(value, models.Model):
+        value = value.pk
+    return field.get_db_prep_save(value, connection)
 
 
 def _kind(value: Any) -> str | None:

@@ -104,3 +104,11 @@ def test_queued_by_rank_counts_what_the_orm_counts(alice):
     ranks = {t.code: t.rank for t in QueueTier.objects.all()}
     assert hot_sql.queued_by_rank(ranks["SP"], 5) == [1, 0, 3, 0, 0]
     assert hot_sql.queued_by_rank(ranks["BK"], 5) == [1, 0, 3, 0, 2]
+
+
+def test_a_related_object_is_written_by_its_key(alice):
+    job = submit(alice, "SP", "a")
+    hp = QueueTier.objects.get(code="HP")
+
+    assert hot_sql.update(Job, {"id": job.pk}, {"tier": hp}) == 1
+    assert Job.objects.get(pk=job.pk).tier_id == hp.pk
