@@ -163,11 +163,10 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
     """Handle one dispatch message."""
     # Listen before claiming, so that no signal sent once the job is running is missed.
     signals.wait_until_listening(LISTEN_TIMEOUT_S)
-    t0 = time.perf_counter()
     job = claim_job(job_id, token, runtime)
     if job is None:
         return RunOutcome.STALE
-    outcome = JobRun(job, runtime, claim_ms=(time.perf_counter() - t0) * 1000).run()
+    outcome = JobRun(job, runtime).run()
     if runtime.shutting_down():
         # A stopping worker writes what it snapshotted before it exits.
         runtime.persister.flush()
@@ -264,7 +263,7 @@ def _fits(job_id: int, token: str, need_mib: int | None, runtime: Runtime) -> bo
 class JobRun:
     """One claim of one job on one worker: from restore to finish, yield or failure."""
 
-    def __init__(self, job: ClaimedJob, runtime: Runtime, claim_ms: float):
+    def __init__(self, job: ClaimedJob, runtime: Runtime):
         self.job = job
         self.job_id = job.id
         self.runtime = runtime
@@ -292,7 +291,8 @@ class JobRun:
         self.curves_stored: set[str] = set()  # names with a row in the database
         self.metrics_warned = False
         self.last_step: int | None = None
-        self.claim_ms = claim_ms
+        # What this claim's restore adds to the job's switch cost: the restore of a checkpoint,
+        # not a first start's setup (framework import, model build), which no switch repeats.
         self.restore_ms = 0.0
         self.unpersisted: tuple[str, Snapshot] | None = None  # a snapshot taken, until its name commits
 
@@ -305,10 +305,11 @@ class JobRun:
         try:
             t0 = time.perf_counter()
             workload = self._restore()
-            record.restore_ms = self.restore_ms = (time.perf_counter() - t0) * 1000
+            record.restore_ms = (time.perf_counter() - t0) * 1000
+            self.restore_ms = record.restore_ms if self.job.checkpoint_files else 0.0
             self._reserve_snapshot_memory()
             self.runtime.probe_load(workload)
-            self.runtime.note_switch_in(time.perf_counter(), self.restore_ms)
+            self.runtime.note_switch_in(time.perf_counter(), record.restore_ms)
             while True:
                 done = self._run_slice(workload, record)
                 outcome = self._at_boundary(workload, record, done)
@@ -507,10 +508,10 @@ class JobRun:
         target, outcome = _LEAVE_GPU[action]
         self._checkpoint(workload, record, park=target == JobState.QUEUED)
         # This job's switch cost, so the planner keeps its switching within the overhead budget:
-        # its own checkpoint and restore, plus this worker's measured requeue-hop-claim overhead
-        # (until measured, twice the claim: the requeue is a transition like it).
-        overhead = self.runtime.switch_overhead_ms
-        cost = record.checkpoint_ms + self.restore_ms + (2 * self.claim_ms if overhead is None else overhead)
+        # its own checkpoint and restore, plus this worker's measured requeue-hop-claim overhead.
+        # Until that is measured it is left out, not guessed: a worker's first claims pay its
+        # warm-up (connections, imports), and a guess from them stretched slices for many switches.
+        cost = record.checkpoint_ms + self.restore_ms + (self.runtime.switch_overhead_ms or 0.0)
         extra: dict[str, Any] = {"switch_cost_ms": ewma(self.switch_cost_ms, cost)}
         if target == JobState.TIMED_OUT:
             extra["finished_at"] = timezone.now()

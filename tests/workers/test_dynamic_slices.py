@@ -30,7 +30,10 @@ def test_a_low_utilisation_job_gets_shorter_slices_than_a_high_one(start_workers
 
 
 def test_a_job_with_a_heavy_checkpoint_gets_its_slices_stretched(start_workers, alice):
-    start_workers(gpus=1, CLOCKQ_OVERHEAD_BUDGET="0.05")
+    # No room for snapshots in host memory, so each checkpoint is written before the GPU is handed
+    # over and each resume reads it back. (With room, a heavy job costs a switch little more than
+    # a light one: its snapshot is copied out and written in the background, and it resumes warm.)
+    start_workers(gpus=1, CLOCKQ_OVERHEAD_BUDGET="0.05", CLOCKQ_SNAPSHOT_MEMORY_MB="1", CLOCKQ_WARM_CACHE_JOBS="0")
     heavy = submit(alice, "SP", "heavy", steps=150, step_ms=5, state_kb=32 * 1024)  # 32 MB of state
     light = submit(alice, "SP", "light", steps=150, step_ms=5, state_kb=1)
     heavy, light = wait_finished(heavy, light, timeout=90)

@@ -1,0 +1,54 @@
+"""The switch cost the planner stretches slices by counts what a switch costs: a checkpoint, the
+restore of one, and the worker's measured hop. Not a first start's setup, which no switch
+repeats (a Keras job's framework import and CUDA start took 9.7 s and stretched its slices to
+the 5 s maximum), and not a guess from a worker's first, warming-up claims."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.test import override_settings
+
+from clockq.jobs.models import Job
+from tests.helpers import submit
+from workers.runtime import Runtime, WorkerIdentity
+from workers.slice_runner import RunOutcome, run_dispatch
+from workers.workloads.synthetic import SyntheticWorkload
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SETUP_S = 0.4
+
+
+@pytest.fixture
+def slow_setup(monkeypatch):
+    """A workload whose setup takes SETUP_S, as a framework import or a model build does."""
+    real = SyntheticWorkload.setup
+
+    def setup(self, ctx):
+        time.sleep(SETUP_S)
+        real(self, ctx)
+
+    monkeypatch.setattr(SyntheticWorkload, "setup", setup)
+
+
+def _yield_once(job, runtime) -> Job:
+    assert run_dispatch(job.pk, job.dispatch_token, runtime) == RunOutcome.YIELDED
+    runtime.persister.flush()
+    return Job.objects.get(pk=job.pk)
+
+
+@override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
+def test_a_first_start_is_not_a_switch_but_a_restore_elsewhere_is(alice, slow_setup):
+    job = submit(alice, "SP", "slow-start", steps=400, step_ms=1, state_kb=64)
+    submit(alice, "SP", "rival", steps=1)  # waits, so `job` yields at each boundary
+
+    job = _yield_once(job, Runtime(WorkerIdentity("gpu0@test", 0)))
+    first = job.slices.get()
+    assert first.restore_ms >= SETUP_S * 1000  # the slice row still says what the start took
+    assert job.switch_cost_ms < SETUP_S * 1000 / 4  # but the switch cost does not count it
+
+    # Another worker sets the workload up again and reads the checkpoint: that is a switch's cost.
+    job = _yield_once(job, Runtime(WorkerIdentity("gpu1@test", 1)))
+    assert job.switch_cost_ms > 0.3 * SETUP_S * 1000  # EWMA, alpha 0.3
