@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -215,6 +216,12 @@ class Runtime:
     @cached_property
     def interrupts(self) -> signals.Interrupts:
         return signals.interrupts()
+
+    @cached_property
+    def boundary_reader(self) -> ThreadPoolExecutor:
+        """One thread that reads what a slice boundary decides from while the slice's last step
+        runs (slice_runner: JobRun._read_boundary), with its own database connection."""
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="clockq-boundary")
 
     def probe_load(self, workload: Workload | None) -> None:
         """Tell a simulated GPU what the running workload declares (real GPUs measure it)."""

@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +22,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from django.conf import settings
+from django.db import connection as db_connection
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -129,6 +131,13 @@ class SliceRecord:
     cut_short: bool = False  # ended at a step by an interrupt, before its time was up
     preempted: bool = False  # and made way for an RT job
     compute_end: float = 0.0  # perf_counter when its last step ended
+
+
+@dataclass(frozen=True)
+class BoundaryRead:
+    waiting: list[int]  # dispatch messages in the broker per tier rank, most urgent first
+    row: dict[str, Any] | None  # the job's state, dispatch_token, pending_action and tier_id
+    queued: list[int] | None  # queued jobs in the database per rank: set when the broker says someone waits
 
 
 # Where a job goes when it leaves the GPU without finishing, and what the run reports.
@@ -295,6 +304,7 @@ class JobRun:
         # not a first start's setup (framework import, model build), which no switch repeats.
         self.restore_ms = 0.0
         self.unpersisted: tuple[str, Snapshot] | None = None  # a snapshot taken, until its name commits
+        self.prefetch: Future[BoundaryRead] | None = None  # the boundary's read, made during the last step
 
     def run(self) -> RunOutcome:
         self.runtime.leases.hold(self.job_id, self.token)
@@ -423,14 +433,21 @@ class JobRun:
 
     def _run_slice(self, workload: Workload, record: SliceRecord) -> bool:
         interrupts, rank = self.runtime.interrupts, self.tier.rank
-        start = time.perf_counter()
+        start = last = time.perf_counter()
         budget_s = record.plan.ms / 1000.0
+        step_s = 0.0  # the last step's length: the next one is likely as long
         done = False
+        self.prefetch = None
         self.runtime.sampler.start()
         try:
             with workload_errors():
                 while True:
+                    if self.prefetch is None and last + step_s - start >= budget_s:
+                        # Likely the slice's last step: read what the boundary decides from while
+                        # it runs, so the GPU does not wait for that read after it.
+                        self.prefetch = self.runtime.boundary_reader.submit(self._read_boundary, False, False)
                     progress = float(workload.step())
+                    step_s, last = time.perf_counter() - last, time.perf_counter()
                     if not math.isfinite(progress):
                         raise ValueError(f"step() returned {progress}, not a progress in [0, 1]")
                     if records := workload.metrics():
@@ -461,18 +478,21 @@ class JobRun:
     def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> RunOutcome | None:
         """Finish, continue (None) or leave the GPU, as the policy decides.
 
-        The job's row, and, only when the broker says someone waits ahead of it
-        (`_waiting_by_rank`), the queued counts in the database that confirm it."""
-        waiting = [] if done else self._waiting_by_rank(self.home.rank, record.cut_short)
-        row = hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
+        It decides from the job's row, the broker's queue lengths and, only when those say someone
+        waits ahead of it, the queued counts in the database that confirm it (`_read_boundary`),
+        read during the slice's last step when that could be foreseen."""
+        read = self._prefetched() if not (done or record.cut_short) else None
+        if read is None:
+            read = self._read_boundary(done, record.cut_short)
+        row, waiting = read.row, read.waiting
         if row is None or row["state"] != RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
         self.runtime.interrupts.clear(self.job_id)
         if row["tier_id"] != self.tier.id:  # moved by an operator while running
             self.tier = self.runtime.tiers.get(row["tier_id"])
-        self._return_home()  # decide as a job of its own tier from here on (an operator may have moved it)
-        if not record.cut_short and waiting_ahead(self.tier.rank, waiting):
-            waiting = hot_sql.queued_by_rank(self.tier.rank, len(waiting))
+        self._return_home()  # decide as a job of its own tier from here on
+        if read.queued is not None:
+            waiting = read.queued
         decision = decide_at_boundary(
             Boundary(
                 done=done,
@@ -522,6 +542,34 @@ class JobRun:
             self.runtime.last_yield = (record.compute_end, record.checkpoint_ms)
         return outcome
 
+    def _read_boundary(self, done: bool, cut_short: bool) -> BoundaryRead:
+        """What a boundary decides from: the broker's queue lengths, the job's row, and the
+        database's queued counts when the broker says someone waits ahead (it may hold stale or
+        duplicate messages that would cause a needless switch)."""
+        try:
+            waiting = [] if done else self._waiting_by_rank(self.home.rank, cut_short)
+            row = hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
+            queued = None
+            if not cut_short and waiting_ahead(self.home.rank, waiting):
+                queued = hot_sql.queued_by_rank(self.home.rank, len(waiting))
+        except Exception:
+            if threading.current_thread() is not threading.main_thread():
+                db_connection.close()  # the reader thread's own: a broken one is not kept
+            raise
+        return BoundaryRead(waiting, row, queued)
+
+    def _prefetched(self) -> BoundaryRead | None:
+        """The read made during the last step, if it is done and nothing happened since that it
+        could have missed: an RT job or an operator's change signals the worker, and then the
+        boundary reads afresh. (A job of another tier queued during that step waits for the next
+        boundary, as if it had come a step later.)"""
+        prefetch, self.prefetch = self.prefetch, None
+        if prefetch is None or not prefetch.done() or prefetch.exception() is not None:
+            return None  # not done in time (the GPU does not wait for it), or it failed
+        if self.runtime.interrupts.should_end_slice(self.job_id, self.tier.rank):
+            return None
+        return prefetch.result()
+
     def _store_result(self, workload: Workload) -> Manifest:
         """The workload writes its result into a staging folder, which the store checks and
         puts in place. A crash after this and before the job's final write only means the job
@@ -566,8 +614,7 @@ class JobRun:
 
     def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
         """Jobs waiting per tier, from the broker's queue lengths: the cheap first look. When
-        they say someone waits ahead, the database confirms it (`_at_boundary`), because the
-        broker may also hold stale or duplicate messages that would cause a needless switch.
+        they say someone waits ahead, the database confirms it (`_read_boundary`).
 
         After an RT interrupt only RT counts, and only for the one busy GPU that takes the RT job
         from the counter of unclaimed ones (clockq/bus/signals.py): every busy GPU heard the signal,

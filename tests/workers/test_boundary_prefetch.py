@@ -1,0 +1,70 @@
+"""A slice boundary's read (queue lengths, the job's row, the queued counts) is made during the
+slice's last step, on the worker's reader thread, so the GPU does not wait for it after the step;
+but a change signalled after that read (an operator's hold, an RT job) is never missed."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.test import override_settings
+
+from clockq.bus import signals
+from clockq.jobs import services
+from clockq.jobs.models import Job
+from tests.helpers import submit
+from workers.runtime import Runtime, WorkerIdentity
+from workers.slice_runner import JobRun, RunOutcome, run_dispatch
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Which thread made each boundary read, and a hook run on the reader thread after its read."""
+    seen: list[str] = []
+    after_prefetch: list = []
+    real = JobRun._read_boundary
+
+    def read(self, done, cut_short):
+        result = real(self, done, cut_short)
+        seen.append(threading.current_thread().name)
+        if threading.current_thread() is not threading.main_thread():
+            for hook in after_prefetch:
+                hook(self)
+        return result
+
+    monkeypatch.setattr(JobRun, "_read_boundary", read)
+    return seen, after_prefetch
+
+
+def _runtime() -> Runtime:
+    runtime = Runtime(WorkerIdentity("gpu0@test", 0))
+    assert signals.wait_until_listening(5)
+    return runtime
+
+
+@override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
+def test_the_boundary_uses_the_read_made_during_the_last_step(alice, reads):
+    seen, _ = reads
+    job = submit(alice, "SP", "busy", steps=400, step_ms=20)
+    submit(alice, "SP", "rival", steps=1)  # waiting: the boundary yields to it
+
+    assert run_dispatch(job.pk, job.dispatch_token, _runtime()) == RunOutcome.YIELDED
+
+    assert seen and all(name.startswith("clockq-boundary") for name in seen)
+    assert Job.objects.get(pk=job.pk).state == "queued"
+
+
+@override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
+def test_a_hold_asked_for_after_that_read_is_still_honoured(alice, operator, reads):
+    seen, after_prefetch = reads
+    job = submit(alice, "SP", "busy", steps=400, step_ms=20)
+    submit(alice, "SP", "rival", steps=1)
+    # The operator's hold lands just after the reader thread read the row (pending action none).
+    after_prefetch.append(lambda run: services.hold_job(Job.objects.get(pk=run.job_id), actor="op"))
+
+    assert run_dispatch(job.pk, job.dispatch_token, _runtime()) == RunOutcome.HELD
+
+    assert seen[-1] == threading.main_thread().name  # read again, afresh
+    assert Job.objects.get(pk=job.pk).state == "held"
