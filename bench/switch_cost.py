@@ -65,6 +65,7 @@ import itertools
 import math
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -106,11 +107,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=True,
         help="also run a worker with timers on SQL, Redis and the task body (default: on)",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="bare and clockq runs, taken in turn, so that a machine whose speed drifts meets both alike; "
+        "the ratio is the median of the rounds' ratios (default: 3)",
+    )
     p.add_argument("--tmp-dir", type=Path, default=None, help="where the temporary directory goes")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, database)")
     args = p.parse_args(argv)
     if args.switches < 10 or args.slice_ms < 1 or args.step_ms <= 0 or args.warmup < 0 or args.state_kb < 0:
         p.error("need --switches >= 10, --slice-ms >= 1, --step-ms > 0, --warmup >= 0, --state-kb >= 0")
+    if args.rounds < 1:
+        p.error("need --rounds >= 1")
     return args
 
 
@@ -127,16 +137,20 @@ def main(argv: list[str] | None = None) -> int:
 
             notes = compare_broker_settings(bare_app)
             events = EventLog(bare_app.app).start()
+            rounds: list[tuple[Measured, list[Measured]]] = []
             try:
-                bare = run_bare(bare_app, args, stack.env, stack.work, stack.services, events)
-                clockq_runs, probed = run_clockq(args, stack.env, stack.work, stack.services, events)
+                for i in range(args.rounds):
+                    last = i == args.rounds - 1  # the 0 KB and probe runs, once, at the end
+                    bare = run_bare(bare_app, args, stack.env, stack.work, stack.services, events)
+                    clockq_runs, probed = run_clockq(args, stack.env, stack.work, stack.services, events, extra=last)
+                    rounds.append((bare, clockq_runs))
             finally:
                 events.stop()
     except (TimeoutError, RuntimeError, subprocess.SubprocessError) as exc:
         print(f"switch_cost: {exc}", file=sys.stderr)
         return 1
 
-    report(args, stack.work, bare, clockq_runs, probed, notes, time.monotonic() - started)
+    report(args, stack.work, rounds, probed, notes, time.monotonic() - started)
     return 0
 
 
@@ -220,6 +234,7 @@ def run_bare(bare_app, args, env: dict[str, str], work: Path, services: list[Ser
     # Without DJANGO_SETTINGS_MODULE, Celery's Django fix-up stays off: the bare worker is bare.
     bare_env = {k: v for k, v in env.items() if k != "DJANGO_SETTINGS_MODULE"}
     argv = worker_argv("bench._bare_app", hostname, bare_app.QUEUES)
+    client.delete(bare_app.READY_KEY)  # left by an earlier round's worker
     worker = start_worker(
         "bare worker",
         argv,
@@ -276,8 +291,9 @@ class Probed:
 
 
 def run_clockq(
-    args, env: dict[str, str], work: Path, services: list[Service], events: EventLog
+    args, env: dict[str, str], work: Path, services: list[Service], events: EventLog, extra: bool = True
 ) -> tuple[list[Measured], Probed | None]:
+    """The `--state-kb` pair; with `extra`, also the 0 KB pair (--zero) and the probe run (--probe)."""
     from django.contrib.auth import get_user_model
 
     from clockq.bus.heartbeat import KEY_PREFIX
@@ -286,11 +302,12 @@ def run_clockq(
     from workers.launch import gpu_worker_env
 
     QueueTier.objects.filter(code="SP").update(base_slice_ms=args.slice_ms, min_slice_ms=args.slice_ms)
-    owner = get_user_model().objects.create_user("switch-bench")
+    owner, _ = get_user_model().objects.get_or_create(username="switch-bench")
     client = redis.Redis.from_url(env["REDIS_URL"])
     worker_env = {**env, **gpu_worker_env(simulated_gpus(1)[0])}
 
     def start(app_module: str, hostname: str, log_name: str) -> Service:
+        client.delete(KEY_PREFIX + hostname)  # an earlier round's worker's heartbeat
         return start_worker(
             f"GPU worker ({app_module})",
             worker_argv(app_module, hostname),
@@ -304,11 +321,11 @@ def run_clockq(
 
     worker = start("clockq", f"gpu0@{socket.gethostname()}", "gpu-worker.log")
     runs = []
-    for state_kb in (args.state_kb, 0) if args.zero and args.state_kb != 0 else (args.state_kb,):
+    for state_kb in (args.state_kb, 0) if extra and args.zero and args.state_kb != 0 else (args.state_kb,):
         switches, notes = run_clockq_pair(args, state_kb, owner, worker, events)
         runs.append(measure(f"clockq switch, {state_kb} KB state", switches, notes))
     stop_worker(worker, services)
-    if not args.probe:
+    if not (extra and args.probe):
         return runs, None
 
     probe_dir = work / "probe"
@@ -538,8 +555,14 @@ def ms(seconds: float) -> float:
 
 
 def report(
-    args, work: Path, bare: Measured, runs: list[Measured], probed: Probed | None, notes: list[str], elapsed_s: float
+    args,
+    work: Path,
+    rounds: list[tuple[Measured, list[Measured]]],
+    probed: Probed | None,
+    notes: list[str],
+    elapsed_s: float,
 ) -> None:
+    """The tables pool every round's hops and switches; the ratio is the median of the rounds'."""
     import celery
     import django
 
@@ -552,6 +575,8 @@ def report(
     for note in notes:
         print(f"note: {note}")
     print()
+    bare = _pooled([b for b, _ in rounds])
+    runs = [_pooled([r[0] for _, r in rounds]), *rounds[-1][1][1:]]
     print(f"{'ms':<34}{'n':>6}{'median':>9}{'p90':>9}{'p99':>9}{'mean':>9}")
     for measured, names in ((bare, BARE_PHASES), *((run, CLOCKQ_PHASES) for run in runs)):
         print(row(measured.label, Summary.of(measured.totals)))
@@ -565,16 +590,31 @@ def report(
     if probed is not None:
         report_probe(probed)
         print()
-    main_run = runs[0]
-    switch, hop = Summary.of(main_run.totals), Summary.of(bare.totals)
-    for measured in (main_run, bare):
-        if len(measured.totals) < args.switches:
-            print(f"warning: {measured.label}: only {len(measured.totals)} of {args.switches} measured")
+    ratios = []
+    print(f"{'round':<8}{'bare hop median':>17}{'switch median':>15}{'ratio':>8}{'p99 ratio':>11}")
+    for i, (bare_i, runs_i) in enumerate(rounds, 1):
+        for measured in (runs_i[0], bare_i):
+            if len(measured.totals) < args.switches:
+                print(f"warning: round {i}: {measured.label}: only {len(measured.totals)} of {args.switches} measured")
+        hop_i, switch_i = Summary.of(bare_i.totals), Summary.of(runs_i[0].totals)
+        ratios.append((switch_i.median / hop_i.median, switch_i.p99 / hop_i.p99))
+        print(f"{i:<8}{hop_i.median:>17.2f}{switch_i.median:>15.2f}{ratios[-1][0]:>8.2f}{ratios[-1][1]:>11.2f}")
+    switch, hop = Summary.of(runs[0].totals), Summary.of(bare.totals)
     print(
         f"switch ({args.state_kb} KB) median {switch.median:.2f} ms p99 {switch.p99:.2f} ms | "
         f"bare hop median {hop.median:.2f} ms p99 {hop.p99:.2f} ms | "
-        f"ratio median {switch.median / hop.median:.1f} p99 {switch.p99 / hop.p99:.1f}"
+        f"ratio median {statistics.median(r for r, _ in ratios):.2f} p99 {statistics.median(p for _, p in ratios):.2f} "
+        f"(median of {len(rounds)} rounds)"
     )
+
+
+def _pooled(measured: list[Measured]) -> Measured:
+    phases: dict[str, list[float]] = defaultdict(list)
+    for m in measured:
+        for name, values in m.phases.items():
+            phases[name] += values
+    totals = [t for m in measured for t in m.totals]
+    return Measured(measured[0].label, totals, dict(phases), measured[-1].notes)
 
 
 PROBE_KINDS = ("sql", "commit", "connect", "close", "redis")

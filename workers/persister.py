@@ -48,6 +48,8 @@ Pooled = bytearray | mmap.mmap  # a snapshot buffer the pool keeps
 # Buffers from this size up are mapped with their pages populated up front, in one system call
 # that releases the GIL, instead of faulting them in during the copy.
 POPULATE_FROM_BYTES = 8 * 2**20
+# How long a write waits, at most, for the next job to start after a switch (Persister.pause).
+SWITCH_QUIET_S = 0.1
 
 
 @dataclass
@@ -263,6 +265,8 @@ class Persister:
         self.superseded = 0
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._switch_done = threading.Event()
+        self._switch_done.set()
 
     def mark(self, job_id: int, name: str) -> bool:
         """Say, before the database names it, that this worker will write `name`. False when it
@@ -273,6 +277,16 @@ class Persister:
         """A marked checkpoint that will not be submitted after all (its update failed)."""
         if self.marks is not None:
             self.marks.clear(job_id, name)
+
+    def pause(self) -> None:
+        """A switch is under way: hold writes back until the next job's first step (`resume`),
+        SWITCH_QUIET_S at most. Written at once, a checkpoint's fsync held up the switch's own
+        database commits on the same disk, and its checksum and copy took CPU from the claim:
+        1.2 ms of a 1 MB switch on ext4, measured against tmpfs."""
+        self._switch_done.clear()
+
+    def resume(self) -> None:
+        self._switch_done.set()
 
     def submit(self, persist: Persist) -> None:
         """Write it in the background. Call only after the database names it."""
@@ -333,6 +347,7 @@ class Persister:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every persist is written (a stopping worker). False on timeout."""
+        self.resume()
         with self._changed:
             return self._changed.wait_for(lambda: not self._queue and self._writing is None, timeout)
 
@@ -349,6 +364,7 @@ class Persister:
                 self._changed.wait_for(lambda: bool(self._queue))
                 persist = self._writing = self._queue.popleft()
             try:
+                self._switch_done.wait(SWITCH_QUIET_S)
                 persist.snapshot.wait()
                 self.store.write(persist.job_id, persist.name, persist.snapshot.chunks)
                 self.store.prune(persist.job_id, persist.keep)

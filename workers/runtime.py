@@ -189,6 +189,7 @@ class Runtime:
         """Called as a job's first step starts: if the previous task yielded, the GPU has been
         idle since that job's last step, and the part not spent on checkpoint and restore is
         this worker's switch overhead."""
+        self.persister.resume()  # the switch is over: the yielded job's checkpoint may be written
         if self.last_yield is None:
             return
         compute_end, checkpoint_ms = self.last_yield

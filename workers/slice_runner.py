@@ -537,6 +537,8 @@ class JobRun:
             extra["finished_at"] = timezone.now()
         record.preempted = record.cut_short and action == BoundaryAction.YIELD
         self._end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
+        if target == JobState.QUEUED:
+            self.runtime.persister.pause()  # until the next job's first step
         self._persist()
         if target == JobState.QUEUED:
             self.runtime.last_yield = (record.compute_end, record.checkpoint_ms)

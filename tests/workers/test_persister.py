@@ -253,3 +253,27 @@ def test_a_background_copy_is_finished_before_its_memory_is_given_back():
     threading.Timer(0.2, memory.gate.set).start()
     memory.release(snapshot)  # a discarded snapshot: waits for its copy, then frees the buffer
     assert memory.gate.is_set() and memory.in_flight == 0
+
+
+def test_writes_wait_while_a_switch_is_under_way_and_no_longer_than_the_cap(tmp_path, monkeypatch):
+    memory = SnapshotMemory(10 * MB)
+    persister = _persister(CheckpointStore(tmp_path), memory)
+    name = checkpoint_name(1, CLAIM)
+    monkeypatch.setattr("workers.persister.SWITCH_QUIET_S", 5.0)
+
+    persister.pause()  # a job yielded; the next one has not started yet
+    persister.submit(Persist(7, name, memory.take([b"state"]), (name,)))
+    time.sleep(0.03)
+    assert persister.pending(7, name) == b"state"  # held back
+    persister.resume()  # the next job's first step
+    wait_for(lambda: persister.pending(7, name) is None, 10)
+
+    # No next job: the write goes ahead after SWITCH_QUIET_S anyway.
+    monkeypatch.setattr("workers.persister.SWITCH_QUIET_S", 0.05)
+    later = checkpoint_name(2, CLAIM)
+    persister.pause()
+    started = time.monotonic()
+    persister.submit(Persist(7, later, memory.take([b"later"]), (later, name)))
+    wait_for(lambda: persister.pending(7, later) is None, 10)
+    assert time.monotonic() - started >= 0.04
+    assert CheckpointStore(tmp_path).read(7, later) == b"later"
