@@ -31,6 +31,12 @@ from clockq.policy.states import JobState
 Row = dict[str, Any]
 
 
+class JsonText(str):
+    """A JSON field's value already encoded (clockq/jobs/metrics.py builds curves' text as they
+    grow): written as it is, not encoded again. Both backends take it as text (PostgreSQL casts
+    the untyped parameter to jsonb)."""
+
+
 def select_one(model: type[models.Model], pk: int, names: Sequence[str]) -> Row | None:
     """The fields `names` (field names or attnames, such as "tier_id") of the row with this
     primary key, as the ORM's `.values(*names).first()` would return them; None if there is none."""
@@ -117,6 +123,8 @@ def _field(model: type[models.Model], name: str) -> models.Field:
 
 def _prep(field: models.Field, value: Any) -> Any:
     """A value as the database takes it; a related object (tier=<QueueTier>) by its key, as the ORM."""
+    if isinstance(value, JsonText):
+        return str(value)
     if field.is_relation and isinstance(value, models.Model):
         value = value.pk
     return field.get_db_prep_save(value, connection)

@@ -4,6 +4,8 @@ the job page and the admin."""
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,10 +32,45 @@ def save(job_id: int, curves: dict[str, Series], names: Iterable[str], stored: I
     stored = set(stored)
     for name in names:
         s = curves[name]
-        fields = {"points": [list(p) for p in s.points], "stride": s.stride, "last": list(s.last) if s.last else None}
-        if name in stored and hot_sql.update(JobMetric, {"job_id": job_id, "name": name}, fields):
-            continue
+        last = list(s.last) if s.last else None
+        if name in stored:
+            points = hot_sql.JsonText(_points_text.of(job_id, name, s.points))
+            if hot_sql.update(
+                JobMetric, {"job_id": job_id, "name": name}, {"points": points, "stride": s.stride, "last": last}
+            ):
+                continue
+        fields = {"points": [list(p) for p in s.points], "stride": s.stride, "last": last}
         JobMetric.objects.update_or_create(job_id=job_id, name=name, defaults=fields)
+
+
+class PointsText:
+    """The JSON text of curves' points, extended as points are appended instead of encoded whole
+    at every save: a curve at its 1,000 points took 1.1 ms to encode, at every slice switch of a
+    job, for each of its curves. A text is valid while the Series still holds the same list: it
+    only appends to it, and replaces it when it thins or forgets points. Bounded: the curves this
+    process saved last."""
+
+    def __init__(self, max_curves: int = 64):
+        self.max_curves = max_curves
+        self._texts: OrderedDict[tuple[int, str], tuple[list, int, str]] = OrderedDict()
+
+    def of(self, job_id: int, name: str, points: list[tuple[int, float]]) -> str:
+        key = (job_id, name)
+        cached = self._texts.pop(key, None)
+        if cached is not None and cached[0] is points and cached[1] <= len(points):
+            _, done, text = cached
+            if done < len(points):
+                more = json.dumps(points[done:])[1:]  # "[a], [b]]" less its "["
+                text = f"{text[:-1]}, {more}" if done else f"[{more}"
+        else:
+            text = json.dumps(points)
+        self._texts[key] = (points, len(points), text)
+        while len(self._texts) > self.max_curves:
+            self._texts.popitem(last=False)
+        return text
+
+
+_points_text = PointsText()
 
 
 def curves(job_id: int) -> dict[str, Any]:
