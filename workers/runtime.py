@@ -20,7 +20,7 @@ from clockq.bus.client import client
 from clockq.bus.gpu_samples import Publisher
 from clockq.jobs.models import Job, JobEvent, QueueTier
 from clockq.jobs.results import ResultStore
-from clockq.policy.slicing import ewma
+from clockq.policy.slicing import switch_cost_ewma
 from workers import shutdown
 from workers.checkpoints import CheckpointStore, StorageError, generation_of
 from workers.lease import LeaseKeeper
@@ -196,7 +196,8 @@ class Runtime:
         self.last_yield = None
         gap_ms = (first_step_at - compute_end) * 1000
         if gap_ms < 2000:  # longer means the GPU sat idle, not switching
-            self.switch_overhead_ms = ewma(self.switch_overhead_ms, max(gap_ms - checkpoint_ms - restore_ms, 0.0))
+            overhead = max(gap_ms - checkpoint_ms - restore_ms, 0.0)
+            self.switch_overhead_ms = switch_cost_ewma(self.switch_overhead_ms, overhead)
 
     @cached_property
     def probe(self) -> NvmlProbe | SimulatedProbe:

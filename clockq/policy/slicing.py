@@ -101,6 +101,21 @@ def ewma(previous: float | None, sample: float, alpha: float = 0.3) -> float:
     return sample if previous is None else (1 - alpha) * previous + alpha * sample
 
 
+# A switch whose hop stalled (a disk flush, a loaded host) says little about the next ones: a
+# sample counts for at most this many times the estimate. One 200 ms stall among 10 ms switches then
+# lifts the estimate to 16 ms, not 67 ms (and the planned slice to 320 ms, not 1.3 s), while a
+# lasting rise still lifts it by 60 % a switch.
+SWITCH_SAMPLE_CAP = 3.0
+
+
+def switch_cost_ewma(previous: float | None, sample: float) -> float:
+    """The running estimate of a worker's switch overhead (ms: requeue, hop, claim), robust to a
+    single stall. A job's own checkpoint and restore are added to it as measured."""
+    if previous:
+        sample = min(sample, SWITCH_SAMPLE_CAP * previous)
+    return ewma(previous, sample)
+
+
 def waiting_ahead(job_rank: int, waiting_by_rank: Sequence[int]) -> int:
     """Jobs this one should make way for: those of the same tier or a more urgent one."""
     return sum(waiting_by_rank[: job_rank + 1])

@@ -7,6 +7,7 @@ from clockq.policy.slicing import (
     decide_at_boundary,
     ewma,
     plan_slice,
+    switch_cost_ewma,
     waiting_ahead,
 )
 
@@ -93,6 +94,16 @@ def test_plan_slice_table(kwargs, ms, reason):
 def test_ewma_starts_at_the_first_sample_and_moves_towards_new_ones():
     assert ewma(None, 0.5) == 0.5
     assert ewma(0.5, 1.0) == pytest.approx(0.65)
+
+
+def test_a_single_stalled_switch_moves_the_estimate_a_little_and_a_lasting_rise_fully():
+    assert switch_cost_ewma(None, 200.0) == 200.0  # the first sample starts it
+    assert switch_cost_ewma(10.0, 200.0) == pytest.approx(16.0)  # counted as 30 ms, not 200
+    assert switch_cost_ewma(10.0, 12.0) == pytest.approx(10.6)  # ordinary samples as ewma
+    estimate = 10.0
+    for _ in range(8):  # the job's checkpoint grew: each switch now costs 100 ms
+        estimate = switch_cost_ewma(estimate, 100.0)
+    assert estimate > 90.0
 
 
 @pytest.mark.parametrize(
