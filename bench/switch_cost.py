@@ -2,10 +2,15 @@
 
 Usage (from the repository root):
 
-    .venv/bin/python bench/switch_cost.py [--switches 300] [--state-kb 1024] [--slice-ms 20]
+    .venv/bin/python bench/switch_cost.py [--switches 300] [--state-kb 1024] [--slice-ms 20] [--rounds 3]
 
 Everything runs privately and is stopped and deleted at the end: a redis-server on a free port,
 a fresh SQLite file, temporary checkpoint and var directories, and one worker at a time.
+
+Steps 1 and 2 are taken in turn, `--rounds` times, so that a machine whose speed drifts (a bare
+hop of 3 ms in one minute and 6 ms in the next was seen) meets both alike: the tables pool every
+round, and the ratio is the median of the rounds' ratios. The 0 KB and probe runs come once, in
+the last round.
 
 1. Bare floor. A Celery app with clockq's broker settings (bench/_bare_app.py) runs one task that
    re-sends itself, under a worker started with exactly clockq's GPU-worker flags (prefork,
