@@ -570,7 +570,10 @@ class JobRun:
             return None  # not done in time (the GPU does not wait for it), or it failed
         if self.runtime.interrupts.should_end_slice(self.job_id, self.tier.rank):
             return None
-        return prefetch.result()
+        read = prefetch.result()
+        if read.row is None or read.row["state"] != RUNNING or read.row["dispatch_token"] != self.token:
+            return None  # the job is not ours any more: a decision that grave is made on a fresh read
+        return read
 
     def _store_result(self, workload: Workload) -> Manifest:
         """The workload writes its result into a staging folder, which the store checks and
