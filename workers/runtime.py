@@ -185,6 +185,12 @@ class Runtime:
         elif rank == 0:
             signals.take_rt_job(client())
 
+    def switch_out(self, compute_end: float, checkpoint_ms: float) -> None:
+        """A job yielded its GPU to the queue: a switch is under way until the next job's first
+        step (`note_switch_in`). Its checkpoint is written after that (Persister.pause)."""
+        self.last_yield = (compute_end, checkpoint_ms)
+        self.persister.pause()
+
     def note_switch_in(self, first_step_at: float, restore_ms: float) -> None:
         """Called as a job's first step starts: if the previous task yielded, the GPU has been
         idle since that job's last step, and the part not spent on checkpoint and restore is

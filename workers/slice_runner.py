@@ -445,7 +445,7 @@ class JobRun:
                     if self.prefetch is None and last + step_s - start >= budget_s:
                         # Likely the slice's last step: read what the boundary decides from while
                         # it runs, so the GPU does not wait for that read after it.
-                        self.prefetch = self.runtime.boundary_reader.submit(self._read_boundary, False, False)
+                        self.prefetch = self.runtime.boundary_reader.submit(self._prefetch_boundary)
                     progress = float(workload.step())
                     step_s, last = time.perf_counter() - last, time.perf_counter()
                     if not math.isfinite(progress):
@@ -538,27 +538,28 @@ class JobRun:
         record.preempted = record.cut_short and action == BoundaryAction.YIELD
         self._end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
         if target == JobState.QUEUED:
-            self.runtime.persister.pause()  # until the next job's first step
+            self.runtime.switch_out(record.compute_end, record.checkpoint_ms)  # before the persist is queued
         self._persist()
-        if target == JobState.QUEUED:
-            self.runtime.last_yield = (record.compute_end, record.checkpoint_ms)
         return outcome
 
     def _read_boundary(self, done: bool, cut_short: bool) -> BoundaryRead:
         """What a boundary decides from: the broker's queue lengths, the job's row, and the
         database's queued counts when the broker says someone waits ahead (it may hold stale or
         duplicate messages that would cause a needless switch)."""
-        try:
-            waiting = [] if done else self._waiting_by_rank(self.home.rank, cut_short)
-            row = hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
-            queued = None
-            if not cut_short and waiting_ahead(self.home.rank, waiting):
-                queued = hot_sql.queued_by_rank(self.home.rank, len(waiting))
-        except Exception:
-            if threading.current_thread() is not threading.main_thread():
-                db_connection.close()  # the reader thread's own: a broken one is not kept
-            raise
+        waiting = [] if done else self._waiting_by_rank(self.home.rank, cut_short)
+        row = hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
+        queued = None
+        if not cut_short and waiting_ahead(self.home.rank, waiting):
+            queued = hot_sql.queued_by_rank(self.home.rank, len(waiting))
         return BoundaryRead(waiting, row, queued)
+
+    def _prefetch_boundary(self) -> BoundaryRead:
+        """`_read_boundary` for a slice that ends on time, on the runtime's reader thread."""
+        try:
+            return self._read_boundary(done=False, cut_short=False)
+        except Exception:
+            db_connection.close()  # the reader thread's own connection: a broken one is not kept
+            raise
 
     def _prefetched(self) -> BoundaryRead | None:
         """The read made during the last step, if it is done and nothing happened since that it

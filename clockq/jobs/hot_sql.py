@@ -72,7 +72,9 @@ def update(model: type[models.Model], where: Mapping[str, Any], values: Mapping[
 def insert(model: type[models.Model], values: Mapping[str, Any]) -> None:
     """Insert one row (its primary key left to the database): the fields in `values`, and every
     other one at its default (`auto_now` and `auto_now_add` fields: now)."""
-    sql, fields = _insert_sql(model, connection.vendor)
+    sql, fields, names = _insert_sql(model, connection.vendor)
+    if unknown := set(values) - names:
+        raise TypeError(f"{model.__name__} has no field(s) {sorted(unknown)}")
     now = None
     params = []
     for field in fields:
@@ -85,9 +87,6 @@ def insert(model: type[models.Model], values: Mapping[str, Any]) -> None:
         else:
             value = field.get_default()
         params.append(_prep(field, value))
-    unknown = set(values) - {f.attname for f in fields} - {f.name for f in fields}
-    if unknown:
-        raise TypeError(f"{model.__name__} has no field(s) {sorted(unknown)}")
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
 
@@ -186,11 +185,12 @@ def _update_sql(
 
 
 @_once
-def _insert_sql(model: type[models.Model], _vendor: str) -> tuple[str, list]:
+def _insert_sql(model: type[models.Model], _vendor: str) -> tuple[str, list, frozenset[str]]:
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     cols = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     marks = ", ".join(["%s"] * len(fields))
-    return f"INSERT INTO {table(model)} ({cols}) VALUES ({marks})", fields
+    names = frozenset(f.name for f in fields) | frozenset(f.attname for f in fields)
+    return f"INSERT INTO {table(model)} ({cols}) VALUES ({marks})", fields, names
 
 
 def queued_by_rank(max_rank: int, ranks: int) -> list[int]:
