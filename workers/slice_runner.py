@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -138,6 +138,8 @@ class BoundaryRead:
     waiting: list[int]  # dispatch messages in the broker per tier rank, most urgent first
     row: dict[str, Any] | None  # the job's state, dispatch_token, pending_action and tier_id
     queued: list[int] | None  # queued jobs in the database per rank: set when the broker says someone waits
+    # The next checkpoint's persist mark, set ahead when the read foresaw a yield: (name, when).
+    marked: tuple[str, float] | None = None
 
 
 # Where a job goes when it leaves the GPU without finishing, and what the run reports.
@@ -305,6 +307,7 @@ class JobRun:
         self.restore_ms = 0.0
         self.unpersisted: tuple[str, Snapshot] | None = None  # a snapshot taken, until its name commits
         self.prefetch: Future[BoundaryRead] | None = None  # the boundary's read, made during the last step
+        self.marked_ahead: tuple[str, float] | None = None  # BoundaryRead.marked, until the checkpoint
 
     def run(self) -> RunOutcome:
         self.runtime.leases.hold(self.job_id, self.token)
@@ -484,6 +487,7 @@ class JobRun:
         read = self._prefetched() if not (done or record.cut_short) else None
         if read is None:
             read = self._read_boundary(done, record.cut_short)
+        self.marked_ahead = read.marked
         row, waiting = read.row, read.waiting
         if row is None or row["state"] != RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
@@ -554,9 +558,17 @@ class JobRun:
         return BoundaryRead(waiting, row, queued)
 
     def _prefetch_boundary(self) -> BoundaryRead:
-        """`_read_boundary` for a slice that ends on time, on the runtime's reader thread."""
+        """`_read_boundary` for a slice that ends on time, on the runtime's reader thread. When the
+        read says the job will likely yield, the next checkpoint's persist mark is set here too,
+        another round trip off the GPU's path (a mark for a checkpoint never named is ignored,
+        and expires)."""
         try:
-            return self._read_boundary(done=False, cut_short=False)
+            read = self._read_boundary(done=False, cut_short=False)
+            if read.queued is not None and waiting_ahead(self.home.rank, read.queued):
+                name = checkpoint_name(self.generation + 1, self.token)
+                if self.runtime.persister.mark(self.job_id, name):
+                    read = replace(read, marked=(name, time.monotonic()))
+            return read
         except Exception:
             db_connection.close()  # the reader thread's own connection: a broken one is not kept
             raise
@@ -684,7 +696,7 @@ class JobRun:
         persister = self.runtime.persister
         # After a failed persist, write the next one at once, so the storage is tried again now.
         snapshot = None if persister.take_failure(self.job_id) else self.runtime.snapshots.take(state, background=park)
-        if snapshot is not None and not persister.mark(self.job_id, name):
+        if snapshot is not None and not self._marked_ahead(name) and not persister.mark(self.job_id, name):
             self.runtime.snapshots.release(snapshot)  # a claim elsewhere could not tell it is coming
             snapshot = None
         if snapshot is None:
@@ -699,6 +711,12 @@ class JobRun:
         self.files = _names_to_keep([name, *self.files], persister.unwritten(self.job_id))
         self.checkpoint_bytes = nbytes
         self.last_checkpoint_at = time.monotonic()
+
+    def _marked_ahead(self, name: str) -> bool:
+        """Whether the boundary's read, during the last step, already marked `name`, recently
+        enough that the mark outlives the update that names it (its persist then refreshes it)."""
+        marked, self.marked_ahead = self.marked_ahead, None
+        return marked is not None and marked[0] == name and time.monotonic() - marked[1] < persists.TTL_S / 2
 
     def _persist(self) -> None:
         """The update naming the new checkpoint committed: write it, or, if it was written

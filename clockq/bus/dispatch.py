@@ -5,33 +5,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from clockq.bus import signals
+import redis
+
+from clockq.bus import celery_message, signals
 from clockq.bus.client import client
 from clockq.celery import app
 from clockq.policy.tiers import QUEUES_IN_ORDER
 
 log = logging.getLogger("clockq.dispatch")
 
-RUN_SLICE_TASK = "clockq.run_slice"
-# Publishing must not hang a web request or a slice boundary when the broker is down or paused:
-# the job is already queued in the database and the reconciler re-sends it. One immediate retry
-# (a pooled connection gone stale across a broker restart); each try gives up after
-# CLOCKQ_BROKER_TIMEOUT_S.
-_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0, "interval_max": 0}
+RUN_SLICE_TASK = celery_message.TASK_NAME
 
 
-def send_run_slice(job_id: int, token: str, queue_name: str, producer=None) -> None:
-    # With a queue and no exchange, Celery publishes on the anonymous exchange straight into
-    # the queue's list. That needs no exchange binding in Redis, so a broker that restarted
-    # empty takes messages at once instead of dropping them until a worker declares again.
-    app.send_task(
-        RUN_SLICE_TASK,
-        args=[job_id, token],
-        queue=queue_name,
-        retry=True,
-        retry_policy=_RETRY_POLICY,
-        producer=producer,
-    )
+def send_run_slice(job_id: int, token: str, queue_name: str, pipe: redis.client.Pipeline | None = None) -> None:
+    """Push the wake-up onto the tier's queue, or onto `pipe` to be sent with others. With a
+    queue and no exchange, Celery publishes on the anonymous exchange straight into the queue's
+    list, and so does this (clockq/bus/celery_message.py says why not send_task). That needs no
+    exchange binding in Redis, so a broker that restarted empty takes messages at once instead
+    of dropping them until a worker declares again. The client's timeout keeps a dead or paused
+    broker from hanging a web request or a slice boundary (CLOCKQ_BROKER_TIMEOUT_S), and it
+    retries once, on a pooled connection gone stale across a broker restart."""
+    message = celery_message.encode(job_id, token, queue_name, reply_to=app.thread_oid)
+    (pipe if pipe is not None else client()).lpush(queue_name, message)
 
 
 def publish_dispatch(job_id: int, token: str, queue_name: str) -> bool:
@@ -41,16 +36,20 @@ def publish_dispatch(job_id: int, token: str, queue_name: str) -> bool:
 
 
 def publish_dispatches(messages: Sequence[tuple[int, str, str]]) -> int:
-    """publish_dispatch for several (job id, token, queue) at once (a batch submit): one broker
-    connection, and one Redis pipeline for all of them (kombu's Producer.batch). Returns how many
-    were sent. A failure is logged, not raised, as publish_dispatch's: the jobs are queued in the
-    database and the reconciler sends them again (a message sent twice is only a stale one)."""
+    """publish_dispatch for several (job id, token, queue) at once (a batch submit): one Redis
+    pipeline for all of them. Returns how many were sent. A failure is logged, not raised, as
+    publish_dispatch's: the jobs are queued in the database and the reconciler sends them again
+    (a message sent twice is only a stale one)."""
     rt_jobs = 0
     try:
-        with app.producer_or_acquire() as producer, producer.batch():
+        if len(messages) == 1:
+            send_run_slice(*messages[0])
+        else:
+            pipe = client().pipeline(transaction=False)
             for job_id, token, queue_name in messages:
-                send_run_slice(job_id, token, queue_name, producer=producer)
-                rt_jobs += queue_name == QUEUES_IN_ORDER[0]
+                send_run_slice(job_id, token, queue_name, pipe=pipe)
+            pipe.execute()
+        rt_jobs = sum(queue_name == QUEUES_IN_ORDER[0] for _, _, queue_name in messages)
     except Exception as exc:  # the broker may be down; the database already holds the truth
         first = messages[0][0] if messages else None
         log.warning(

@@ -13,6 +13,7 @@ from clockq.bus import signals
 from clockq.jobs import services
 from clockq.jobs.models import Job
 from tests.helpers import submit
+from workers.persister import Persister
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import JobRun, RunOutcome, run_dispatch
 
@@ -69,3 +70,22 @@ def test_a_hold_asked_for_after_that_read_is_still_honoured(alice, operator, rea
 
     assert seen[-1] == threading.main_thread().name  # read again, afresh
     assert Job.objects.get(pk=job.pk).state == "held"
+
+
+@override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
+def test_a_foreseen_yield_marks_its_checkpoint_during_the_last_step(alice, reads, monkeypatch):
+    marks: list[tuple[str, str]] = []
+    real = Persister.mark
+
+    def mark(self, job_id, name):
+        marks.append((name, threading.current_thread().name))
+        return real(self, job_id, name)
+
+    monkeypatch.setattr(Persister, "mark", mark)
+    job = submit(alice, "SP", "busy", steps=400, step_ms=20)
+    submit(alice, "SP", "rival", steps=1)
+
+    assert run_dispatch(job.pk, job.dispatch_token, _runtime(job)) == RunOutcome.YIELDED
+
+    named = Job.objects.get(pk=job.pk).checkpoint_files[0]
+    assert [thread for name, thread in marks if name == named] == ["clockq-boundary_0"]  # not again after it
