@@ -115,6 +115,9 @@ class Runtime:
         # requeue, message hop, claim. Measured as GPU idle time between two jobs' steps.
         self.switch_overhead_ms: float | None = None
         self.last_yield: tuple[float, float] | None = None  # (compute end, its checkpoint ms)
+        # How long the boundary's read takes on the reader thread (s, a moving average): the read
+        # starts at least twice that before the slice's end, so it is done when the GPU gets there.
+        self.boundary_read_s = 0.002
         # This worker made way for an RT job (it took one from signals.RT_UNCLAIMED_KEY).
         self.made_way_for_rt = False
         # While its checkpoint storage fails: how long to wait before the next job, and why.
@@ -228,7 +231,9 @@ class Runtime:
     @cached_property
     def boundary_reader(self) -> ThreadPoolExecutor:
         """One thread that reads what a slice boundary decides from while the slice's last step
-        runs (slice_runner: JobRun._read_boundary), with its own database connection."""
+        runs (slice_runner: JobRun._read_boundary), with its own database connection. It also
+        writes the slice counters once a boundary commits (clockq/bus/counters.py), so the
+        switch does not wait for that round trip either."""
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix="clockq-boundary")
 
     def probe_load(self, workload: Workload | None) -> None:

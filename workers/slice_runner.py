@@ -252,7 +252,7 @@ def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
     if changed is None:
         return None
     if first_start:
-        counters.count_first_start(tier=home.code, wait_ms=first_start["first_wait_ms"])
+        counters.count_first_start(tier=home.code, wait_ms=first_start["first_wait_ms"], writer=runtime.boundary_reader)
     return ClaimedJob(**{name: row[name] for name in ClaimedJob.FIELDS})
 
 
@@ -445,9 +445,11 @@ class JobRun:
         try:
             with workload_errors():
                 while True:
-                    if self.prefetch is None and last + step_s - start >= budget_s:
-                        # Likely the slice's last step: read what the boundary decides from while
-                        # it runs, so the GPU does not wait for that read after it.
+                    lead_s = max(step_s, 2 * self.runtime.boundary_read_s)
+                    if self.prefetch is None and last + lead_s - start >= budget_s:
+                        # Likely the slice's last step, or one of the last few short ones: read
+                        # what the boundary decides from while they run, so the GPU does not wait
+                        # for that read after them.
                         self.prefetch = self.runtime.boundary_reader.submit(self._prefetch_boundary)
                     progress = float(workload.step())
                     step_s, last = time.perf_counter() - last, time.perf_counter()
@@ -563,7 +565,9 @@ class JobRun:
         another round trip off the GPU's path (a mark for a checkpoint never named is ignored,
         and expires)."""
         try:
+            began = time.perf_counter()
             read = self._read_boundary(done=False, cut_short=False)
+            self.runtime.boundary_read_s = ewma(self.runtime.boundary_read_s, time.perf_counter() - began)
             if read.queued is not None and waiting_ahead(self.home.rank, read.queued):
                 name = checkpoint_name(self.generation + 1, self.token)
                 if self.runtime.persister.mark(self.job_id, name):
@@ -576,8 +580,8 @@ class JobRun:
     def _prefetched(self) -> BoundaryRead | None:
         """The read made during the last step, if it is done and nothing happened since that it
         could have missed: an RT job or an operator's change signals the worker, and then the
-        boundary reads afresh. (A job of another tier queued during that step waits for the next
-        boundary, as if it had come a step later.)"""
+        boundary reads afresh. (A job of another tier queued during those last steps waits for the
+        next boundary, as if it had come a little later.)"""
         prefetch, self.prefetch = self.prefetch, None
         if prefetch is None or not prefetch.done() or prefetch.exception() is not None:
             return None  # not done in time (the GPU does not wait for it), or it failed
@@ -812,6 +816,7 @@ class JobRun:
             outcome=outcome,
             used_ms=int(record.used_ms),
             switch_ms=record.checkpoint_ms + record.restore_ms if switched else None,
+            writer=self.runtime.boundary_reader,
         )
 
     # --- failure -----------------------------------------------------------------------------
