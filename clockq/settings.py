@@ -184,7 +184,7 @@ if CLOCKQ_METRICS_TOKEN is not None and not re.fullmatch(r"[\x21-\x7e]{24,}", CL
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first, so an unauthenticated call gets 401 with `WWW-Authenticate: Token`.
-        "knox.auth.TokenAuthentication",
+        "webapp.auth.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
         "webapp.auth.OptionalBasicAuthentication",
     ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db.models import Count
 from django.shortcuts import get_object_or_404
+from drf_spectacular.contrib.knox_auth_token import KnoxTokenScheme
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -52,6 +53,12 @@ JOB_ID = OpenApiParameter(
     "job_id", {"type": "integer", "minimum": 1}, OpenApiParameter.PATH, description="The job's id."
 )
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such job, or not one of the caller's.")
+
+
+class ApiTokenScheme(KnoxTokenScheme):
+    """knox's token scheme, for its subclass webapp.auth.ApiTokenAuthentication."""
+
+    target_class = "webapp.auth.ApiTokenAuthentication"
 
 
 class OptionalBasicAuthScheme(OpenApiAuthenticationExtension):

@@ -7,14 +7,22 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 from knox.models import AuthToken
 
 MAX_TOKENS_PER_USER = 20
 
 
+def _drop_expired(user) -> None:
+    """Expired tokens no longer work (webapp/auth.py refuses them); they go here, so they
+    neither clutter the list nor count towards the limit."""
+    AuthToken.objects.filter(user=user, expiry__lt=timezone.now()).delete()
+
+
 @login_required
 def token_list(request, new_token: str | None = None):
+    _drop_expired(request.user)
     tokens = AuthToken.objects.filter(user=request.user).order_by("-created")
     return render(request, "webapp/tokens.html", {"tokens": tokens, "new_token": new_token})
 
@@ -22,6 +30,7 @@ def token_list(request, new_token: str | None = None):
 @login_required
 @require_POST
 def token_create(request):
+    _drop_expired(request.user)
     if AuthToken.objects.filter(user=request.user).count() >= MAX_TOKENS_PER_USER:
         messages.error(request, f"You already have {MAX_TOKENS_PER_USER} tokens; revoke one first.")
         return redirect("token-list")

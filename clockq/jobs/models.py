@@ -159,6 +159,14 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["state", "tier"]),
             models.Index(fields=["owner", "-id"]),
+            # A submit's quota check (clockq/jobs/quotas.py) reads the owner's active jobs and the
+            # jobs holding storage through these, not through all of the owner's history.
+            models.Index(fields=["owner", "state"], name="job_owner_state"),
+            models.Index(
+                fields=["owner"],
+                condition=models.Q(checkpoint_bytes__gt=0) | models.Q(result_bytes__gt=0),
+                name="job_owner_storage",
+            ),
             models.Index(fields=["late_at"]),  # the KPI rollup reads late marks by time
             # Reopening admission releases these, and only these.
             models.Index(fields=["held_for_admission", "state"]),

@@ -9,6 +9,7 @@ import pytest
 
 from clockq.bus.dispatch import send_run_slice
 from clockq.jobs.models import Job, UserQuota
+from clockq.jobs.quotas import QuotaExceeded
 from tests.helpers import submit, token_auth
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
@@ -36,6 +37,22 @@ def test_a_user_at_the_active_job_limit_is_refused_with_a_clear_message(client, 
     assert post(client, job_body("bobs"), token_auth(bob)).status_code == 201
     UserQuota.objects.create(user=alice, max_active_jobs=3)
     assert post(client, job_body("now-allowed"), auth).status_code == 201
+
+
+def test_a_limit_lowered_below_what_a_user_has_says_so(alice, settings):
+    # The check counts active jobs only up to one past the limit (it is on every submit's path).
+    settings.CLOCKQ_QUOTA_ACTIVE_JOBS = 10
+    for i in range(5):
+        submit(alice, "BK", f"j{i}", steps=1)
+    UserQuota.objects.create(user=alice, max_active_jobs=2)
+    with pytest.raises(
+        QuotaExceeded, match=r"already has more than 2 queued, running or held jobs, the most allowed \(2\)"
+    ):
+        submit(alice, "BK", "refused", steps=1)
+    UserQuota.objects.filter(user=alice).update(max_active_jobs=5)
+    with pytest.raises(QuotaExceeded, match=r"already has 5 queued"):
+        submit(alice, "BK", "refused", steps=1)
+    assert Job.objects.filter(owner=alice).count() == 5
 
 
 def test_checkpoint_storage_is_counted_at_submit(client, alice, settings):

@@ -174,3 +174,26 @@ def test_createtoken_prints_a_working_token(client, alice):
     call_command("createtoken", "alice", "--days", "1", stdout=out)
     token = out.getvalue().strip()
     assert client.get("/api/jobs", HTTP_AUTHORIZATION=f"Token {token}").status_code == 200
+
+
+def test_an_expired_token_is_refused_and_swept(client, alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    live, expired = token_auth(alice), token_auth(alice)
+    other_expired = token_auth(alice)
+    past = timezone.now() - timedelta(seconds=1)
+    for auth in (expired, other_expired):
+        AuthToken.objects.filter(token_key=auth["HTTP_AUTHORIZATION"].split()[1][:15]).update(expiry=past)
+
+    assert client.get("/api/jobs", **expired).status_code == 401
+    assert AuthToken.objects.filter(user=alice).count() == 2  # the presented one is deleted at once
+    assert client.get("/api/jobs", **live).status_code == 200  # and a call does not sweep the others
+    assert AuthToken.objects.filter(user=alice).count() == 2
+    client.force_login(alice)
+    assert client.get("/account/tokens").status_code == 200  # the tokens page does
+    assert AuthToken.objects.filter(user=alice).count() == 1
+    client.logout()
+    assert client.get("/api/jobs", **other_expired).status_code == 401
+    assert client.get("/api/jobs", **live).status_code == 200
