@@ -445,11 +445,12 @@ class JobRun:
         try:
             with workload_errors():
                 while True:
-                    lead_s = max(step_s, 2 * self.runtime.boundary_read_s)
+                    # Likely the slice's last step, or one of the last few short ones: read what
+                    # the boundary decides from while they run, so the GPU does not wait for that
+                    # read after them. (Not earlier than a quarter of the slice before its end: a
+                    # read that stalled once must not make every later decision stale.)
+                    lead_s = max(step_s, min(2 * self.runtime.boundary_read_s, budget_s / 4))
                     if self.prefetch is None and last + lead_s - start >= budget_s:
-                        # Likely the slice's last step, or one of the last few short ones: read
-                        # what the boundary decides from while they run, so the GPU does not wait
-                        # for that read after them.
                         self.prefetch = self.runtime.boundary_reader.submit(self._prefetch_boundary)
                     progress = float(workload.step())
                     step_s, last = time.perf_counter() - last, time.perf_counter()
