@@ -16,6 +16,17 @@ from tests.harness import GpuWorkers, RedisServer
 from tests.helpers import database_url
 
 
+def pytest_unconfigure(config):
+    """pytest-django deletes the SQLite test database at the end, but not its -wal and -shm
+    files, which stay behind when a thread of an in-process worker (a Runtime's reader or
+    persister) still held a connection (4 MB a run, in var/). They go once the database is gone."""
+    db = django_settings.DATABASES["default"]
+    test_db = db.get("TEST", {}).get("NAME")
+    if db["ENGINE"].endswith("sqlite3") and test_db and not os.path.exists(test_db):
+        for suffix in ("-wal", "-shm"):
+            Path(test_db + suffix).unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
