@@ -17,9 +17,12 @@ from tests.helpers import database_url
 
 
 def pytest_unconfigure(config):
-    """pytest-django deletes the SQLite test database at the end, but not its -wal and -shm
-    files, which stay behind when a thread of an in-process worker (a Runtime's reader or
-    persister) still held a connection (4 MB a run, in var/). They go once the database is gone."""
+    """At the very end of the run. pytest-django has deleted the SQLite test database, but not its
+    -wal and -shm files, which stay behind when a thread of an in-process worker (a Runtime's
+    reader or persister) still held a connection (4 MB a run, in var/). They go here."""
+    # The signal listener (a daemon thread) keeps reconnecting to the private Redis, stopped by now,
+    # and would log so into streams that pytest has closed ("--- Logging error ---").
+    logging.getLogger("clockq.signals").disabled = True
     db = django_settings.DATABASES["default"]
     test_db = db.get("TEST", {}).get("NAME")
     if db["ENGINE"].endswith("sqlite3") and test_db and not os.path.exists(test_db):
@@ -55,6 +58,26 @@ def crossable_dir():
     path.chmod(0o711)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _flush_in_process_runtimes(crossable_dir, monkeypatch):
+    """A worker Runtime that a test builds in its own process writes a yielded job's checkpoint in
+    the background, after the switch: it is written before the test's folders are removed (this
+    is torn down before crossable_dir), not into a folder it would make again under /tmp."""
+    from workers.runtime import Runtime
+
+    made: list[Runtime] = []
+    real_init = Runtime.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(Runtime, "__init__", init)
+    yield
+    for runtime in made:
+        runtime.persister.flush(timeout=10)
 
 
 @pytest.fixture(autouse=True)
