@@ -271,6 +271,14 @@ def _fits(job_id: int, token: str, need_mib: int | None, runtime: Runtime) -> bo
     return False
 
 
+def prefetch_lead_s(step_s: float, read_s: float, budget_s: float) -> float:
+    """How long before a slice's end its boundary read starts: one step ahead (the last step),
+    and at least twice the read's own time, so that a slice of short steps gets it done too; but
+    not earlier than a quarter of the slice, so that a read that stalled once does not make every
+    later decision stale."""
+    return max(step_s, min(2 * read_s, budget_s / 4))
+
+
 class JobRun:
     """One claim of one job on one worker: from restore to finish, yield or failure."""
 
@@ -447,9 +455,8 @@ class JobRun:
                 while True:
                     # Likely the slice's last step, or one of the last few short ones: read what
                     # the boundary decides from while they run, so the GPU does not wait for that
-                    # read after them. (Not earlier than a quarter of the slice before its end: a
-                    # read that stalled once must not make every later decision stale.)
-                    lead_s = max(step_s, min(2 * self.runtime.boundary_read_s, budget_s / 4))
+                    # read after them.
+                    lead_s = prefetch_lead_s(step_s, self.runtime.boundary_read_s, budget_s)
                     if self.prefetch is None and last + lead_s - start >= budget_s:
                         self.prefetch = self.runtime.boundary_reader.submit(self._prefetch_boundary)
                     progress = float(workload.step())

@@ -9,13 +9,13 @@ import threading
 import pytest
 from django.test import override_settings
 
-from clockq.bus import signals
+from clockq.bus import counters, signals
 from clockq.jobs import services
 from clockq.jobs.models import Job
 from tests.helpers import submit
 from workers.persister import Persister
 from workers.runtime import Runtime, WorkerIdentity
-from workers.slice_runner import JobRun, RunOutcome, run_dispatch
+from workers.slice_runner import JobRun, RunOutcome, prefetch_lead_s, run_dispatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,3 +89,38 @@ def test_a_foreseen_yield_marks_its_checkpoint_during_the_last_step(alice, reads
 
     named = Job.objects.get(pk=job.pk).checkpoint_files[0]
     assert [thread for name, thread in marks if name == named] == ["clockq-boundary_0"]  # not again after it
+
+
+@pytest.mark.parametrize(
+    ("step_s", "read_s", "budget_s", "lead_s"),
+    [
+        (0.020, 0.002, 0.2, 0.020),  # the last step covers the read
+        (0.001, 0.002, 0.2, 0.004),  # 1 ms steps: twice the read's time, a few steps ahead
+        (0.001, 0.100, 0.2, 0.050),  # a read that stalled: never more than a quarter of the slice
+        (0.100, 0.100, 0.2, 0.100),  # but always the last step
+    ],
+)
+def test_the_read_starts_early_enough_for_short_steps_and_never_too_early(step_s, read_s, budget_s, lead_s):
+    assert prefetch_lead_s(step_s, read_s, budget_s) == pytest.approx(lead_s)
+
+
+@override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
+def test_the_counters_are_written_on_the_reader_thread_after_the_commit(alice, monkeypatch):
+    threads: list[str] = []
+    real = counters._write_now
+
+    def write_now(write):
+        threads.append(threading.current_thread().name)
+        real(write)
+
+    monkeypatch.setattr(counters, "_write_now", write_now)
+    job = submit(alice, "SP", "busy", steps=400, step_ms=20)
+    submit(alice, "SP", "rival", steps=1)
+    runtime = _runtime(job)
+
+    assert run_dispatch(job.pk, job.dispatch_token, runtime) == RunOutcome.YIELDED
+
+    runtime.boundary_reader.submit(lambda: None).result(timeout=10)  # what was queued before is done
+    assert len(threads) == 2  # the first start, then the yielded slice
+    assert all(name.startswith("clockq-boundary") for name in threads), threads
+    assert counters.read_counters().slices[("SP", "yielded")] == 1
