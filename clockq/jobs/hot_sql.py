@@ -1,4 +1,4 @@
-"""The slice switch's statements, without the ORM's query compiler.
+"""The slice switch's statements, and a submit's quota read, without the ORM's query compiler.
 
 A switch runs about ten small statements: the claim, the boundary read, the requeue's
 compare-and-set, its event, the slice row, the metric curves. Through the ORM each one cost
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from numbers import Number
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from django.core.exceptions import FieldDoesNotExist
 from django.db import connection, models
@@ -25,7 +25,7 @@ from django.db.models import F, Value
 from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 
-from clockq.jobs.models import Job, QueueTier
+from clockq.jobs.models import Job, QueueTier, UserQuota
 from clockq.policy.states import JobState
 
 Row = dict[str, Any]
@@ -191,6 +191,48 @@ def _insert_sql(model: type[models.Model], _vendor: str) -> tuple[str, list, fro
     marks = ", ".join(["%s"] * len(fields))
     names = frozenset(f.name for f in fields) | frozenset(f.attname for f in fields)
     return f"INSERT INTO {table(model)} ({cols}) VALUES ({marks})", fields, names
+
+
+class QuotaRead(NamedTuple):
+    """What a submit's quota check reads about an owner (clockq/jobs/quotas.py)."""
+
+    max_active_jobs: int | None  # the owner's own limits (UserQuota); None: the default
+    max_checkpoint_mb: int | None
+    active: int  # jobs in the counted states, up to one past the active limit
+    checkpoint_bytes: int  # summed over the owner's jobs
+    result_bytes: int
+
+
+def quota_read(owner_id: int, states: Sequence[str], default_max_active: int) -> QuotaRead:
+    """A submit's quota read, in one statement: the owner's limits, how many of the owner's jobs
+    are in `states`, and the checkpoint and result bytes their jobs hold. The count stops one past
+    the owner's active limit and runs on the (owner, state) index, and the sums run over the
+    partial index job_owner_storage (the WHERE repeats its condition), so neither grows with the
+    owner's history. Through the ORM these were three queries and 1.6 ms of Python, most of it
+    building the two aggregates, against about 0.1 ms to run them."""
+    sql = _quota_read_sql(len(states), connection.vendor)
+    params = [owner_id, owner_id, owner_id, *map(str, states), owner_id, default_max_active, owner_id]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        max_active, max_mb, active, checkpoints, results = cursor.fetchone()
+    return QuotaRead(max_active, max_mb, int(active), int(checkpoints or 0), int(results or 0))
+
+
+@_once
+def _quota_read_sql(states: int, _vendor: str) -> str:
+    job, owner, state = table(Job), column(Job, "owner_id"), column(Job, "state")
+    checkpoints, results = column(Job, "checkpoint_bytes"), column(Job, "result_bytes")
+    quota, quota_user = table(UserQuota), column(UserQuota, "user_id")
+    max_active, max_mb = column(UserQuota, "max_active_jobs"), column(UserQuota, "max_checkpoint_mb")
+    own_limit = f"SELECT {{}} FROM {quota} WHERE {quota_user} = %s"
+    marks = ", ".join(["%s"] * states)
+    limit = f"COALESCE(({own_limit.format(max_active)}), %s) + 1"
+    capped = f"SELECT 1 FROM {job} WHERE {owner} = %s AND {state} IN ({marks}) LIMIT {limit}"
+    return (
+        f"SELECT ({own_limit.format(max_active)}), ({own_limit.format(max_mb)}), "
+        f"(SELECT COUNT(*) FROM ({capped}) capped), SUM({checkpoints}), SUM({results}) "
+        f"FROM {job} WHERE {owner} = %s AND ({checkpoints} > 0 OR {results} > 0)"
+    )
 
 
 def queued_by_rank(max_rank: int, ranks: int) -> list[int]:

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import Q, Sum
 
+from clockq.jobs import hot_sql
 from clockq.jobs.models import Job, UserQuota
 from clockq.policy.states import JobState
 
@@ -29,8 +30,13 @@ class Limits:
 
 def limits_of(user) -> Limits:
     row = UserQuota.objects.filter(user=user).first()
-    jobs = row.max_active_jobs if row and row.max_active_jobs is not None else settings.CLOCKQ_QUOTA_ACTIVE_JOBS
-    mb = row.max_checkpoint_mb if row and row.max_checkpoint_mb is not None else settings.CLOCKQ_QUOTA_CHECKPOINT_MB
+    return _limits(row and row.max_active_jobs, row and row.max_checkpoint_mb)
+
+
+def _limits(max_active_jobs: int | None, max_checkpoint_mb: int | None) -> Limits:
+    """A user's own limits where set (UserQuota), the defaults from settings where not."""
+    jobs = max_active_jobs if max_active_jobs is not None else settings.CLOCKQ_QUOTA_ACTIVE_JOBS
+    mb = max_checkpoint_mb if max_checkpoint_mb is not None else settings.CLOCKQ_QUOTA_CHECKPOINT_MB
     return Limits(jobs, mb * MB)
 
 
@@ -40,25 +46,26 @@ def checkpoint_bytes_of(owner_id: int, *, excluding_job: int | None = None) -> i
     jobs = Job.objects.filter(Q(checkpoint_bytes__gt=0) | Q(result_bytes__gt=0), owner_id=owner_id)
     if excluding_job is not None:
         jobs = jobs.exclude(pk=excluding_job)
-    return _held(jobs.aggregate(**_STORAGE))
+    totals = jobs.aggregate(**_STORAGE)
+    return _held(totals["checkpoints"] or 0, totals["results"] or 0)
 
 
 # What checkpoint_bytes_of sums.
 _STORAGE = {"checkpoints": Sum("checkpoint_bytes"), "results": Sum("result_bytes")}
 
 
-def _held(totals: dict) -> int:
-    return KEPT_GENERATIONS * (totals["checkpoints"] or 0) + (totals["results"] or 0)
+def _held(checkpoint_bytes: int, result_bytes: int) -> int:
+    return KEPT_GENERATIONS * checkpoint_bytes + result_bytes
 
 
 def check_submit(user, declared_state_bytes: int = 0, count: int = 1) -> None:
     """Raise QuotaExceeded if `user` may not submit `count` more jobs now, together declaring
     `declared_state_bytes` of state (a batch is checked as a whole, not job by job)."""
-    limits = limits_of(user)
-    # A submit's hot path, so neither read grows with the owner's history: the active jobs are
-    # counted on the (owner, state) index, and only up to one past the limit; the storage is summed
-    # over the jobs that hold some (a partial index), as checkpoint_bytes_of does.
-    active = Job.objects.filter(owner=user, state__in=ACTIVE).order_by()[: limits.max_active_jobs + 1].count()
+    # A submit's hot path: one statement (hot_sql.quota_read), whose reads do not grow with the
+    # owner's history. The storage is what checkpoint_bytes_of sums.
+    read = hot_sql.quota_read(user.pk, ACTIVE, settings.CLOCKQ_QUOTA_ACTIVE_JOBS)
+    limits = _limits(read.max_active_jobs, read.max_checkpoint_mb)
+    active = read.active
     if active + count > limits.max_active_jobs:
         more = "" if count == 1 else f" and this batch would add {count}"
         has = active if active <= limits.max_active_jobs else f"more than {limits.max_active_jobs}"
@@ -66,7 +73,7 @@ def check_submit(user, declared_state_bytes: int = 0, count: int = 1) -> None:
             f"quota: {user.get_username()} already has {has} queued, running or held jobs{more}, "
             f"the most allowed ({limits.max_active_jobs}); wait for some to finish, or ask an operator"
         )
-    used = checkpoint_bytes_of(user.pk)
+    used = _held(read.checkpoint_bytes, read.result_bytes)
     needed = used + KEPT_GENERATIONS * declared_state_bytes
     if needed > limits.max_checkpoint_bytes:
         raise QuotaExceeded(

@@ -12,7 +12,7 @@ from django.forms.models import model_to_dict
 from django.utils import timezone
 
 from clockq.jobs import hot_sql
-from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
+from clockq.jobs.models import Job, JobEvent, QueueTier, Slice, UserQuota
 from tests.helpers import submit
 
 pytestmark = pytest.mark.django_db
@@ -104,6 +104,31 @@ def test_queued_by_rank_counts_what_the_orm_counts(alice):
     ranks = {t.code: t.rank for t in QueueTier.objects.all()}
     assert hot_sql.queued_by_rank(ranks["SP"], 5) == [1, 0, 3, 0, 0]
     assert hot_sql.queued_by_rank(ranks["BK"], 5) == [1, 0, 3, 0, 2]
+
+
+def test_quota_read_reads_what_the_orm_reads(alice, bob):
+    from clockq.jobs import quotas
+
+    for i, state in enumerate(["queued", "queued", "running", "held", "succeeded", "failed"]):
+        job = submit(alice, "SP", f"j{i}")
+        Job.objects.filter(pk=job.pk).update(
+            state=state, checkpoint_bytes=1000 * i, result_bytes=7 * (state == "succeeded")
+        )
+    submit(bob, "SP", "bobs")  # another owner's: counted for nobody else
+    Job.objects.filter(owner=bob).update(checkpoint_bytes=10**9)
+    active = Job.objects.filter(owner=alice, state__in=quotas.ACTIVE).count()
+
+    read = hot_sql.quota_read(alice.pk, quotas.ACTIVE, default_max_active=100)
+    assert (read.max_active_jobs, read.max_checkpoint_mb, read.active) == (None, None, active)
+    assert quotas._held(read.checkpoint_bytes, read.result_bytes) == quotas.checkpoint_bytes_of(alice.pk)
+    assert (read.checkpoint_bytes, read.result_bytes) == (1000 * (1 + 2 + 3 + 4 + 5), 7)
+    # The count stops one past the limit: the default's, or the owner's own.
+    assert hot_sql.quota_read(alice.pk, quotas.ACTIVE, default_max_active=1).active == 2
+    UserQuota.objects.create(user=alice, max_active_jobs=2, max_checkpoint_mb=5)
+    read = hot_sql.quota_read(alice.pk, quotas.ACTIVE, default_max_active=100)
+    assert (read.max_active_jobs, read.max_checkpoint_mb, read.active) == (2, 5, 3)
+    # An owner with no jobs at all.
+    assert hot_sql.quota_read(alice.pk + bob.pk + 1, quotas.ACTIVE, 100)[2:] == (0, 0, 0)
 
 
 def test_a_related_object_is_written_by_its_key(alice):
