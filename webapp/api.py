@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.conf import settings
 from django.db.models import Count
 from django.shortcuts import get_object_or_404
@@ -20,7 +22,7 @@ from clockq.jobs import promotion, services
 from clockq.jobs.models import Job, QueueTier
 from clockq.policy.states import JobState
 from webapp.access import visible_jobs
-from webapp.forms import JobSubmitForm
+from webapp.forms import JobSubmitForm, binder
 from webapp.serializers import (
     ErrorSerializer,
     EventSerializer,
@@ -139,8 +141,9 @@ class _ApiSubmitForm(JobSubmitForm):
         return None
 
 
-def _validate(data: dict, user):
-    """(errors, None) for refused input, else (None, the valid form)."""
+def _validate(data: dict, user, bind: Callable[[dict], JobSubmitForm] | None = None):
+    """(errors, None) for refused input, else (None, the valid form). `bind`: makes the form
+    (forms.binder, for a batch); by default a form of its own."""
     unknown = set(data) - SUBMIT_FIELDS
     if unknown:
         return {"detail": f"unknown field(s): {', '.join(sorted(map(str, unknown)))[:200]}"}, None
@@ -151,7 +154,7 @@ def _validate(data: dict, user):
     }
     if wrong_type:
         return wrong_type, None
-    form = _ApiSubmitForm(data, user=user)
+    form = bind(data) if bind is not None else _ApiSubmitForm(data, user=user)
     if not form.is_valid():
         return form.errors.get_json_data(), None
     return None, form
@@ -168,11 +171,12 @@ def _submit_batch(request):
         )
     errors: dict[str, object] = {}
     submissions = []
+    bind = binder(_ApiSubmitForm, user=request.user)
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
             errors[str(index)] = {"detail": "must be a JSON object"}
             continue
-        entry_errors, form = _validate(entry, request.user)
+        entry_errors, form = _validate(entry, request.user, bind)
         if entry_errors is not None:
             errors[str(index)] = entry_errors
         else:

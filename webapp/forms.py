@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from django import forms
 from django.utils import timezone
@@ -12,6 +15,7 @@ from clockq.jobs import quotas, workloads
 from clockq.policy.tiers import TIER_CODES
 
 MAX_PARAMS_BYTES = 16 * 1024
+F = TypeVar("F", bound=forms.Form)
 
 
 def storable_deadline(deadline: datetime | None) -> datetime | None:
@@ -96,3 +100,24 @@ class JobSubmitForm(forms.Form):
             except quotas.QuotaExceeded as exc:
                 self.add_error(None, str(exc))
         return cleaned
+
+
+def binder(form_class: type[F], **kwargs) -> Callable[[dict], F]:
+    """Forms of `form_class` for many inputs (a batch's entries), sharing one copy of the fields.
+
+    Django deep-copies a form's fields for every instance, so that an instance may change its
+    own; that copy, and setting the workload choices, was 70 % of validating a job (0.24 ms here,
+    against 0.07 ms without) and a quarter of a batch's cost in-process. Validation reads the
+    fields and changes nothing in them, so each entry's
+    form is a shallow copy of one unbound form, bound to the entry, with the per-form state Django
+    keeps (its errors, its bound fields) its own. tests/webapp/test_batch_submit.py checks that
+    each entry gets exactly the errors a form of its own gives."""
+    template = form_class(**kwargs)
+
+    def bind(data: dict) -> F:
+        form = copy.copy(template)
+        form.is_bound, form.data = True, data
+        form._errors, form._bound_fields_cache = None, {}
+        return form
+
+    return bind

@@ -66,35 +66,37 @@ def submit_jobs(owner, submissions: list[dict], actor: str | None = None) -> lis
     gate = control.admission()
     who = actor or owner.get_username()
     declared = sum(workloads.declared_state_bytes(s["workload"], s["params"]) for s in submissions)
+    jobs: list[Job] = []
+    reasons: list[str] = []
+    for sub in submissions:
+        tier = tiers[sub["tier_code"]]
+        admitted = admits(tier.code, gate.admission_open)
+        jobs.append(
+            Job(
+                owner=owner,
+                name=sub["name"],
+                tier=tier,
+                original_tier=tier,
+                workload=sub["workload"],
+                params=sub["params"],
+                gpu_mem_mib=sub.get("gpu_mem_mib"),
+                deadline=sub.get("deadline"),
+                state=S.QUEUED if admitted else S.HELD,
+                enqueued_at=now if admitted else None,
+                dispatched_at=now if admitted else None,
+                held_for_admission=not admitted,
+            )
+        )
+        reason = f"submitted to {tier.code}"
+        if not admitted:
+            reason += f"; held: {control.closed_note(gate)}; it is queued when admission reopens"
+        reasons.append(reason)
+    # The jobs are built before the owner's lock is taken: the owner's other submits wait for
+    # what is done under it.
     with transaction.atomic():
         # One submit at a time per owner, so two at once cannot both slip under a quota.
         get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
         quotas.check_submit(owner, declared, count=len(submissions))
-        jobs: list[Job] = []
-        reasons: list[str] = []
-        for sub in submissions:
-            tier = tiers[sub["tier_code"]]
-            admitted = admits(tier.code, gate.admission_open)
-            jobs.append(
-                Job(
-                    owner=owner,
-                    name=sub["name"],
-                    tier=tier,
-                    original_tier=tier,
-                    workload=sub["workload"],
-                    params=sub["params"],
-                    gpu_mem_mib=sub.get("gpu_mem_mib"),
-                    deadline=sub.get("deadline"),
-                    state=S.QUEUED if admitted else S.HELD,
-                    enqueued_at=now if admitted else None,
-                    dispatched_at=now if admitted else None,
-                    held_for_admission=not admitted,
-                )
-            )
-            reason = f"submitted to {tier.code}"
-            if not admitted:
-                reason += f"; held: {control.closed_note(gate)}; it is queued when admission reopens"
-            reasons.append(reason)
         if len(jobs) > 1 and connection.features.can_return_rows_from_bulk_insert:
             created = Job.objects.bulk_create(jobs)  # one INSERT; the ids come back
         else:

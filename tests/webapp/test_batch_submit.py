@@ -190,3 +190,31 @@ def test_a_token_works_on_every_api_endpoint_and_a_rotated_one_on_none(client, o
     client.logout()
     for method, path in _api_calls(job.pk):
         assert client.generic(method, path, "", content_type="application/json", **auth).status_code == 401, path
+
+
+def test_each_entry_gets_the_errors_a_form_of_its_own_gives(alice):
+    # A batch's forms share one copy of the fields (forms.binder): nothing of one entry's
+    # validation may show in the next one's.
+    from webapp.api import _ApiSubmitForm, _validate
+    from webapp.forms import binder
+
+    entries = [
+        job("ok"),
+        {**job("x"), "tier": "XX"},
+        job("ok2", "HP"),
+        {**job("y"), "workload": "nope"},
+        job("z", steps=-5),
+        {**job("d"), "deadline": "2001-01-01T00:00:00Z"},
+        {"tier": "SP", "workload": "synthetic"},
+        {**job("g"), "gpu_mem_mib": 0},
+        {**job("late"), "deadline": "2999-01-01T00:00:00Z", "gpu_mem_mib": 512},
+        job("ok3", "BK"),
+    ]
+    bind = binder(_ApiSubmitForm, user=alice)
+    for entry in entries * 2:
+        own_errors, own_form = _validate(entry, alice)
+        shared_errors, shared_form = _validate(entry, alice, bind)
+        assert shared_errors == own_errors, entry
+        if own_form is not None:
+            assert shared_form.submission() == own_form.submission()
+    assert sum(_validate(e, alice, bind)[0] is None for e in entries) == 4
