@@ -70,6 +70,11 @@ class CheckpointMissing(CheckpointError):
     """The file is not there (yet): still being written elsewhere, or lost with its writer."""
 
 
+class RestoreAbandoned(Exception):
+    """A restore given up because the GPU is wanted more urgently (an RT job): not a fault of
+    the checkpoint or of the storage."""
+
+
 class StorageError(Exception):
     """The checkpoint storage itself failed (full, read-only, I/O error, permissions). It says
     nothing about the job or its checkpoints, so it is neither a fallback reason nor the job's
@@ -176,19 +181,25 @@ class CheckpointStore:
         return payload
 
     def restore(
-        self, job_id: int, names: Sequence[str], wait_s: float = 0.0, writer_of: WriterOf | None = None
+        self,
+        job_id: int,
+        names: Sequence[str],
+        wait_s: float = 0.0,
+        writer_of: WriterOf | None = None,
+        abandon: Callable[[], bool] | None = None,
     ) -> Restored:
         """The first good checkpoint of `names` (newest first, as the database names them).
 
         The newest may still be on its way: its writer handed the GPU over after the snapshot
         and persists it in the background. While `writer_of(name)` names a writer, it is waited
         for, up to `wait_s`; once nobody writes it (the writer died or froze with the write in
-        flight), or past `wait_s` (stuck, or very slow), the one before it is used."""
+        flight), or past `wait_s` (stuck, or very slow), the one before it is used. While it
+        waits, `abandon()` (if given) is asked whether to give up: then RestoreAbandoned."""
         skipped: list[str] = []
         for i, name in enumerate(names):
             try:
                 if i == 0 and wait_s > 0:
-                    state = self._read_when_written(job_id, name, wait_s, writer_of or _unknown_writer)
+                    state = self._read_when_written(job_id, name, wait_s, writer_of or _unknown_writer, abandon)
                     return Restored(name, state, tuple(skipped))
                 return Restored(name, self.read(job_id, name), tuple(skipped))
             except CheckpointError as exc:
@@ -196,7 +207,9 @@ class CheckpointStore:
                 skipped.append(str(exc))
         return Restored(None, None, tuple(skipped))
 
-    def _read_when_written(self, job_id: int, name: str, wait_s: float, writer_of: WriterOf) -> bytes:
+    def _read_when_written(
+        self, job_id: int, name: str, wait_s: float, writer_of: WriterOf, abandon: Callable[[], bool] | None
+    ) -> bytes:
         deadline = time.monotonic() + wait_s
         pause = 0.002
         while True:
@@ -217,6 +230,8 @@ class CheckpointStore:
                     raise CheckpointMissing(
                         f"{name} is missing after waiting {wait_s:g} s for its writer {writer} (stuck, or too slow)"
                     ) from None
+                if abandon is not None and abandon():
+                    raise RestoreAbandoned(f"while {writer} was still writing {name}") from None
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
 

@@ -51,7 +51,7 @@ from clockq.policy.slicing import (
     waiting_ahead,
 )
 from clockq.policy.states import JobState
-from workers.checkpoints import KEEP_GENERATIONS, StorageError, checkpoint_name, generation_of
+from workers.checkpoints import KEEP_GENERATIONS, RestoreAbandoned, StorageError, checkpoint_name, generation_of
 from workers.lease import lease_until
 from workers.persister import POPULATE_FROM_BYTES, Persist, Snapshot
 from workers.runtime import Runtime, TierInfo
@@ -325,7 +325,11 @@ class JobRun:
         keep_warm = False
         try:
             t0 = time.perf_counter()
-            workload = self._restore()
+            try:
+                workload = self._restore()
+            except RestoreAbandoned as exc:
+                record.restore_ms = (time.perf_counter() - t0) * 1000
+                return self._make_way_during_restore(record, str(exc))
             record.restore_ms = (time.perf_counter() - t0) * 1000
             self.restore_ms = record.restore_ms if self.job.checkpoint_files else 0.0
             self._reserve_snapshot_memory()
@@ -382,6 +386,10 @@ class JobRun:
             self.curves = warm.curves
             self.curves_stored = set(warm.curves or ())
             return warm.workload
+        # A cold restore: the workload's setup (a framework import, a model build, its memory)
+        # and the checkpoint's read can take seconds, and an RT job must not wait for them.
+        if current and self._rt_wants_gpu():
+            raise RestoreAbandoned("before its setup")
         work_dir = self.runtime.store.work_dir(self.job_id)
         with workload_errors():
             workload = registry.create(self.job.workload, self.job.params)
@@ -390,8 +398,10 @@ class JobRun:
             )
         if current:
             try:
+                if self._rt_wants_gpu():
+                    raise RestoreAbandoned("after its setup, before reading its checkpoint")
                 state = self._read_checkpoint(current)
-            except StorageError:
+            except (StorageError, RestoreAbandoned):
                 _close(workload, self.job_id)
                 raise
             if state is not None:
@@ -406,7 +416,11 @@ class JobRun:
             return state  # this worker took the snapshot and has yet to write it
         names = [name for name in self.files if _is_name(name)]
         restored = self.runtime.store.restore(
-            self.job_id, names, wait_s=settings.CLOCKQ_PERSIST_WAIT_S, writer_of=self._writer_of
+            self.job_id,
+            names,
+            wait_s=settings.CLOCKQ_PERSIST_WAIT_S,
+            writer_of=self._writer_of,
+            abandon=self._rt_wants_gpu,
         )
         if restored.name == current:
             return restored.state
@@ -426,6 +440,35 @@ class JobRun:
             raise LostOwnership("job changed under this worker")
         self.files = self.saved_files = kept
         return restored.state
+
+    def _rt_wants_gpu(self) -> bool:
+        """During a cold restore, which can wait seconds for another worker's persist of a big
+        state: whether an RT job should have this GPU now, instead of after the restore and one
+        step. Every busy GPU heard the RT signal; as at a step (`_waiting_by_rank`), the one that
+        takes the RT job from the unclaimed count makes way, and the others go on (and forget
+        the signal, which was answered)."""
+        if not self.runtime.interrupts.rt_waits(self.tier.rank):
+            return False
+        waiting = self._waiting_by_rank(self.home.rank, cut_short=True)  # [] if the broker is down
+        if waiting and waiting[0]:
+            return True
+        self.runtime.interrupts.clear_rt()
+        return False
+
+    def _make_way_during_restore(self, record: SliceRecord, when: str) -> RunOutcome:
+        """Give the GPU to an RT job before the restore is done. The job goes back to its queue
+        as it was: nothing ran, so there is nothing to checkpoint, and the checkpoint it was
+        restoring from is still the one the database names (the next claim waits for it, or
+        takes it warm from the worker that wrote it)."""
+        record.cut_short = record.preempted = True
+        self._end(
+            record,
+            SliceOutcome.YIELDED,
+            JobState.QUEUED,
+            f"made way for an RT job during its restore ({when})",
+            {},
+        )
+        return RunOutcome.YIELDED
 
     def _reserve_snapshot_memory(self) -> None:
         """A job with a big state gets a snapshot buffer made ready while it runs, in the

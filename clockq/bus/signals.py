@@ -85,6 +85,14 @@ class Interrupts:
         """True when the running slice should end at this step. Called at every step."""
         return (rank > 0 and self.rt_waiting.is_set()) or (bool(self._poked) and job_id in self._poked)
 
+    def rt_waits(self, rank: int) -> bool:
+        """An RT job was announced since this job's last boundary, and the job is not RT."""
+        return rank > 0 and self.rt_waiting.is_set()
+
+    def clear_rt(self) -> None:
+        """The broker said the announced RT jobs are taken (checked before a boundary)."""
+        self.rt_waiting.clear()
+
     def clear(self, job_id: int) -> None:
         """Called at a slice boundary, once the worker has read the truth from the database."""
         self.rt_waiting.clear()

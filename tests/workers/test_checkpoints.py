@@ -5,7 +5,14 @@ import time
 
 import pytest
 
-from workers.checkpoints import MAGIC, CheckpointError, CheckpointStore, StorageError, checkpoint_name
+from workers.checkpoints import (
+    MAGIC,
+    CheckpointError,
+    CheckpointStore,
+    RestoreAbandoned,
+    StorageError,
+    checkpoint_name,
+)
 
 CLAIM = "c" * 32
 OTHER_CLAIM = "d" * 32
@@ -155,6 +162,23 @@ def test_restore_stops_waiting_for_a_writer_that_never_finishes(store):
     restored = store.restore(7, [gen(2), gen(1)], wait_s=0.3, writer_of=lambda name: "gpu3@stuck")
     assert restored.state == b"older"
     assert "after waiting 0.3 s for its writer gpu3@stuck" in restored.skipped[0]
+
+
+def test_a_restore_waiting_for_a_writer_is_abandoned_when_asked(store):
+    # An RT job wants the GPU while the newest checkpoint is still being written elsewhere.
+    store.write(7, gen(1), b"older")
+    asked = []
+
+    def abandon() -> bool:
+        asked.append(time.monotonic())
+        return len(asked) >= 3
+
+    started = time.monotonic()
+    with pytest.raises(RestoreAbandoned, match="gpu0@elsewhere was still writing"):
+        store.restore(7, [gen(2), gen(1)], wait_s=30, writer_of=lambda name: "gpu0@elsewhere", abandon=abandon)
+    assert len(asked) == 3 and time.monotonic() - started < 1
+    # Never asked when there is nothing to wait for.
+    assert store.restore(7, [gen(1)], wait_s=30, abandon=lambda: pytest.fail("asked")).state == b"older"
 
 
 def test_restore_with_nothing_usable_starts_from_the_beginning(store):

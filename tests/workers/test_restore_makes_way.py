@@ -1,0 +1,118 @@
+"""An RT job does not wait for a cold restore: a worker that is still waiting for another
+worker's persist of the job it claimed gives the GPU up at once, and the job goes back to its
+queue as it was."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.test import override_settings
+
+from clockq.bus import persists, signals
+from clockq.bus.client import client
+from clockq.jobs.models import Job
+from tests.helpers import submit
+from workers.checkpoints import CheckpointStore, checkpoint_name
+from workers.runtime import Runtime, WorkerIdentity
+from workers.slice_runner import RunOutcome, run_dispatch
+from workers.workloads.synthetic import SyntheticWorkload
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MADE_WAY = "made way for an RT job during its restore"
+
+
+def _checkpointed_elsewhere(alice) -> tuple[Job, str]:
+    """A queued SP job whose newest checkpoint (generation 2) the database names but another
+    worker, gpu9@elsewhere, is still writing; generation 1 is on disk."""
+    job = submit(alice, "SP", "big", steps=400, step_ms=1, state_kb=64)
+    rival = submit(alice, "SP", "rival", steps=1)  # waits, so `job` yields at its first boundary
+    with override_settings(CLOCKQ_OVERHEAD_BUDGET=0):
+        assert run_dispatch(job.pk, job.dispatch_token, Runtime(WorkerIdentity("gpu1@test", 1))) == RunOutcome.YIELDED
+    Job.objects.filter(pk=rival.pk).update(state="cancelled")
+    job = Job.objects.get(pk=job.pk)
+    (first,) = job.checkpoint_files
+    in_flight = checkpoint_name(2, job.dispatch_token)
+    persists.mark(client(), job.pk, in_flight, "gpu9@elsewhere")
+    Job.objects.filter(pk=job.pk).update(checkpoint_files=[in_flight, first], checkpoint_generation=2)
+    return Job.objects.get(pk=job.pk), first
+
+
+def test_a_restore_waiting_for_a_persist_makes_way_for_an_rt_job(alice):
+    job, _first = _checkpointed_elsewhere(alice)
+    here = Runtime(WorkerIdentity("gpu0@test", 0))
+    assert signals.wait_until_listening(5)
+    submit(alice, "RT", "urgent", steps=1)  # its message is in the RT queue, and it is announced
+    # Have the signal reach the worker only once it waits for generation 2.
+    assert here.interrupts.rt_waiting.wait(5)
+    here.interrupts.rt_waiting.clear()
+    threading.Timer(0.3, here.interrupts.rt_waiting.set).start()
+
+    started = time.monotonic()
+    outcome = run_dispatch(job.pk, job.dispatch_token, here)
+
+    # At once: not after the writer's mark expired (6 s), nor after the restore and a step.
+    assert outcome == RunOutcome.YIELDED and time.monotonic() - started < 3
+    after = Job.objects.get(pk=job.pk)
+    assert after.state == "queued" and after.dispatch_token != job.dispatch_token
+    assert after.checkpoint_files == job.checkpoint_files and after.checkpoint_generation == 2
+    assert after.progress == job.progress
+    assert after.events.filter(
+        reason__startswith=MADE_WAY, reason__contains="gpu9@elsewhere was still writing"
+    ).exists()
+    made_way = after.slices.order_by("-id").first()
+    assert (made_way.outcome, made_way.steps, made_way.preempted) == ("yielded", 0, True)
+    # This worker took the RT job from the unclaimed count: no other GPU makes way for it too.
+    assert here.made_way_for_rt and not signals.take_rt_job(client())
+
+
+def test_a_claim_signalled_before_its_restore_makes_way_before_its_setup(alice, monkeypatch):
+    job, _first = _checkpointed_elsewhere(alice)
+    here = Runtime(WorkerIdentity("gpu0@test", 0))
+    submit(alice, "RT", "urgent", steps=1)
+    here.interrupts.rt_waiting.set()
+    monkeypatch.setattr(SyntheticWorkload, "setup", lambda *_: pytest.fail("set up for nothing"))
+
+    assert run_dispatch(job.pk, job.dispatch_token, here) == RunOutcome.YIELDED
+    assert Job.objects.get(pk=job.pk).events.filter(reason=f"{MADE_WAY} (before its setup)").exists()
+
+
+def test_an_rt_job_signalled_during_the_setup_is_served_before_the_read(alice, monkeypatch):
+    job, _first = _checkpointed_elsewhere(alice)
+    here = Runtime(WorkerIdentity("gpu0@test", 0))
+    assert signals.wait_until_listening(5)
+    submit(alice, "RT", "urgent", steps=1)
+    assert here.interrupts.rt_waiting.wait(5)
+    here.interrupts.rt_waiting.clear()
+    setup = SyntheticWorkload.setup
+
+    def slow_setup(workload, ctx):  # a model build, during which the RT job is announced
+        setup(workload, ctx)
+        here.interrupts.rt_waiting.set()
+
+    monkeypatch.setattr(SyntheticWorkload, "setup", slow_setup)
+    monkeypatch.setattr(CheckpointStore, "restore", lambda *_a, **_k: pytest.fail("read for nothing"))
+
+    assert run_dispatch(job.pk, job.dispatch_token, here) == RunOutcome.YIELDED
+    reason = f"{MADE_WAY} (after its setup, before reading its checkpoint)"
+    assert Job.objects.get(pk=job.pk).events.filter(reason=reason).exists()
+
+
+def test_a_restore_goes_on_when_another_gpu_took_the_rt_job(alice):
+    job, _first = _checkpointed_elsewhere(alice)
+    here = Runtime(WorkerIdentity("gpu0@test", 0))
+    submit(alice, "RT", "urgent", steps=1)
+    assert signals.take_rt_job(client())  # another busy GPU made way for it
+    here.interrupts.rt_waiting.set()
+    # The writer gives up on generation 2 a little later; the restore then falls back to 1.
+    threading.Timer(0.3, persists.unmark, (client(), job.pk, job.checkpoint_files[0])).start()
+
+    run_dispatch(job.pk, job.dispatch_token, here)
+
+    after = Job.objects.get(pk=job.pk)
+    assert not after.events.filter(reason__startswith=MADE_WAY).exists()
+    assert after.events.filter(reason__contains="restored generation 1").exists()
+    assert after.slices.order_by("-id").first().steps > 0
+    assert not here.interrupts.rt_waiting.is_set()  # answered: the RT job was taken
