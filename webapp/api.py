@@ -125,7 +125,7 @@ def _submit(request):
     data = request.data
     if not isinstance(data, dict):
         raise ParseError("The body must be a JSON object.")
-    errors, form = _validate(data, request.user)
+    errors, form = _validate(data, binder(_ApiSubmitForm, user=request.user))
     if errors is not None:
         return Response(errors, status=400)
     # A QuotaExceeded from here is answered 400 with its message (webapp/api_errors.py).
@@ -141,9 +141,9 @@ class _ApiSubmitForm(JobSubmitForm):
         return None
 
 
-def _validate(data: dict, user, bind: Callable[[dict], JobSubmitForm] | None = None):
-    """(errors, None) for refused input, else (None, the valid form). `bind`: makes the form
-    (forms.binder, for a batch); by default a form of its own."""
+def _validate(data: dict, bind: Callable[[dict], JobSubmitForm]):
+    """(errors, None) for refused input, else (None, the valid form). `bind` makes the form
+    (forms.binder: one for a batch's entries)."""
     unknown = set(data) - SUBMIT_FIELDS
     if unknown:
         return {"detail": f"unknown field(s): {', '.join(sorted(map(str, unknown)))[:200]}"}, None
@@ -154,7 +154,7 @@ def _validate(data: dict, user, bind: Callable[[dict], JobSubmitForm] | None = N
     }
     if wrong_type:
         return wrong_type, None
-    form = bind(data) if bind is not None else _ApiSubmitForm(data, user=user)
+    form = bind(data)
     if not form.is_valid():
         return form.errors.get_json_data(), None
     return None, form
@@ -176,7 +176,7 @@ def _submit_batch(request):
         if not isinstance(entry, dict):
             errors[str(index)] = {"detail": "must be a JSON object"}
             continue
-        entry_errors, form = _validate(entry, request.user, bind)
+        entry_errors, form = _validate(entry, bind)
         if entry_errors is not None:
             errors[str(index)] = entry_errors
         else:

@@ -83,7 +83,7 @@ class Interrupts:
 
     def should_end_slice(self, job_id: int, rank: int) -> bool:
         """True when the running slice should end at this step. Called at every step."""
-        return (rank > 0 and self.rt_waiting.is_set()) or (bool(self._poked) and job_id in self._poked)
+        return self.rt_waits(rank) or (bool(self._poked) and job_id in self._poked)
 
     def rt_waits(self, rank: int) -> bool:
         """An RT job was announced since this job's last boundary, and the job is not RT."""
