@@ -21,9 +21,11 @@ class GatedStore(CheckpointStore):
     def __init__(self, root):
         super().__init__(root)
         self.gate = threading.Event()
+        self.writing = threading.Event()  # a write has started (and waits at the gate)
         self.fail_with: Exception | None = None
 
     def write(self, job_id, name, state):
+        self.writing.set()
         assert self.gate.wait(10), "the test never opened the gate"
         if self.fail_with is not None:
             raise self.fail_with
@@ -102,6 +104,9 @@ def test_persists_hold_at_most_the_bound_while_the_disk_is_slow(store):
             continue
         name = checkpoint_name(gen, CLAIM)
         persister.submit(Persist(7, name, snapshot, (name,)))
+        # The first is being written, not queued, before the next comes: a queued one of the
+        # same job would be superseded, and its memory given back.
+        assert store.writing.wait(5)
         assert memory.in_flight <= 2 * MB
     assert written_now == 3 and persister.in_flight() == 2
 
