@@ -330,6 +330,8 @@ class JobRun:
             except RestoreAbandoned as exc:
                 record.restore_ms = (time.perf_counter() - t0) * 1000
                 return self._make_way_during_restore(record, str(exc))
+            with workload_errors():
+                workload.ready()  # a switch's cost (a program's start), not the slice's
             record.restore_ms = (time.perf_counter() - t0) * 1000
             self.restore_ms = record.restore_ms if self.job.checkpoint_files else 0.0
             self._reserve_snapshot_memory()

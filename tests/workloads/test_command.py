@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -11,7 +13,8 @@ from clockq.jobs import workloads
 from tests.harness import program_python, shared_copy, wait_for
 from workers.checkpoints import CheckpointStore
 from workers.workloads.base import RunContext
-from workers.workloads.command import CommandWorkload
+from workers.workloads import command
+from workers.workloads.command import CommandWorkload, catches_signal
 
 FIXTURE = Path(__file__).parent / "fixtures" / "count_script.py"
 PY = program_python()
@@ -111,7 +114,28 @@ def test_exit_75_without_a_checkpoint_raises(work):
     w.close()
 
 
-def test_signal_before_the_handler_is_in_place_keeps_the_old_state(work):
+def test_the_start_waits_for_the_handler_so_a_slow_starter_is_not_killed_by_its_first_checkpoint(work):
+    # It takes 0.3 s to install its handler, longer than a slice's first step.
+    code = (
+        "import os, signal, sys, time; time.sleep(0.3)\n"
+        "def on_usr1(*a):\n"
+        "    open(os.environ['CLOCKQ_CHECKPOINT_FILE'], 'w').write('7'); sys.exit(75)\n"
+        "signal.signal(signal.SIGUSR1, on_usr1); time.sleep(30)"
+    )
+    w = make(work, [PY, "-c", code])
+    w.ready()
+    assert catches_signal(w.pid, signal.SIGUSR1)
+    assert w.state_dict() == b"7"
+    w.close()
+
+
+def test_catches_signal_reads_the_kernels_mask():
+    assert catches_signal(os.getpid(), signal.SIGUSR2) is (signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, signal.SIG_IGN))
+    assert catches_signal(2**22 + 12345, signal.SIGUSR1) is None  # no such process
+
+
+def test_signal_before_the_handler_is_in_place_keeps_the_old_state(work, monkeypatch):
+    monkeypatch.setattr(command, "HANDLER_WAIT_S", 0.05)  # it never installs one
     w = make(work, ["sleep", "30"])  # sleep dies on SIGUSR1, like a program still starting up
     w.step()
     assert w.state_dict() == b""  # fresh start: nothing to resume from
@@ -119,7 +143,8 @@ def test_signal_before_the_handler_is_in_place_keeps_the_old_state(work):
     w.close()
 
 
-def test_close_kills_the_process_group(work):
+def test_close_kills_the_process_group(work, monkeypatch):
+    monkeypatch.setattr(command, "HANDLER_WAIT_S", 0.05)  # sleep installs no handler
     w = make(work, ["sh", "-c", "sleep 30 & echo $! > child.pid; exec sleep 30"])
     assert w.step() == 0.0
     pid = w.pid

@@ -47,6 +47,12 @@ class Workload(ABC):
     def setup(self, ctx: RunContext) -> None:  # noqa: B027 - optional hook
         """Prepare to run (build models, open files). Called once per claim."""
 
+    def ready(self) -> None:  # noqa: B027 - optional hook
+        """Called at every claim, after `setup()` and any `load_state_dict()`, and also when the
+        job comes back to a worker that kept it warm: do what must happen before work can start
+        (start a process). Its time is charged to the switch, not to the slice, so a slice is
+        not eaten by it. Optional."""
+
     @abstractmethod
     def step(self) -> float:
         """Do one unit of work and return progress in [0, 1]; 1 means done."""

@@ -49,7 +49,10 @@ Checkpoint
     kills its process group and the checkpoint fails. After a checkpoint the program is
     stopped; if the job keeps running, clockq starts it again with ``--resume``.
 
-    Install the ``SIGUSR1`` handler first thing, before heavy imports. A program killed by
+    Install the ``SIGUSR1`` handler first thing, before heavy imports. clockq waits up to 2
+    seconds after each start for the handler to be in place (it reads the process's caught
+    signals from /proc) before it goes on; at a claim, that wait counts as the switch's cost,
+    not the slice's. A program killed by
     ``SIGUSR1`` within its first 10 seconds, before its handler was in place, is treated as not
     started yet: the checkpoint is the one it started from (none on a fresh start) and it starts
     again next time. Killed by ``SIGUSR1`` later, it fails.
@@ -92,6 +95,8 @@ log = logging.getLogger(__name__)
 EX_TEMPFAIL = 75
 CHECKPOINT_TIMEOUT_S = 60.0
 STARTUP_GRACE_S = 10.0
+HANDLER_WAIT_S = 2.0  # ample for an interpreter's start; a program that installs none goes on
+HANDLER_POLL_S = 0.002
 STDERR_TAIL_BYTES = 2048
 MAX_RUNNING_PROGRESS = 0.999
 
@@ -141,6 +146,14 @@ class CommandWorkload(Workload):
         self._files: list[IO[bytes]] = []
 
     # -- the contract ---------------------------------------------------------------------
+
+    def ready(self) -> None:
+        """Start the program before the slice's clock does, so that its start-up (an
+        interpreter, its imports) counts as the switch's cost. Started inside the slice, a
+        program slower to start than a slice is long would be asked to checkpoint before its
+        handler was in place, slice after slice, and never get anywhere while it shares a GPU."""
+        if self.proc is None and not self.finished:
+            self._start()
 
     def step(self) -> float:
         if self.finished:
@@ -317,6 +330,22 @@ class CommandWorkload(Workload):
             self._close_files()
             raise RuntimeError(f"could not start {argv[0]!r}: {exc}") from exc
         self._started_at = time.monotonic()
+        self._await_handler()
+
+    def _await_handler(self) -> None:
+        """Wait until the program has installed its SIGUSR1 handler, as the kernel shows in
+        /proc/PID/status, or has exited, for at most HANDLER_WAIT_S: a SIGUSR1 sent before then
+        would kill it. It is bounded because an RT job may be waiting for this GPU. Where /proc
+        cannot tell, it does not wait."""
+        assert self.proc is not None
+        while time.monotonic() - self._started_at < HANDLER_WAIT_S:
+            if catches_signal(self.proc.pid, signal.SIGUSR1) is not False:
+                return
+            try:
+                self.proc.wait(timeout=HANDLER_POLL_S)
+                return  # exited: step() reads its code
+            except subprocess.TimeoutExpired:
+                pass
 
     def _reaped(self, *, group_killed: bool = False) -> None:
         """The main process has exited: kill anything it left in its group, forget it."""
@@ -366,6 +395,19 @@ class CommandWorkload(Workload):
 def _killpg(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def catches_signal(pid: int, signum: int) -> bool | None:
+    """Whether process `pid` has a handler for `signum` (the SigCgt mask in /proc/PID/status);
+    None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:
