@@ -12,8 +12,8 @@ import pytest
 from clockq.jobs import workloads
 from tests.harness import program_python, shared_copy, wait_for
 from workers.checkpoints import CheckpointStore
-from workers.workloads.base import RunContext
 from workers.workloads import command
+from workers.workloads.base import RunContext
 from workers.workloads.command import CommandWorkload, catches_signal
 
 FIXTURE = Path(__file__).parent / "fixtures" / "count_script.py"
@@ -130,7 +130,13 @@ def test_the_start_waits_for_the_handler_so_a_slow_starter_is_not_killed_by_its_
 
 
 def test_catches_signal_reads_the_kernels_mask():
-    assert catches_signal(os.getpid(), signal.SIGUSR2) is (signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, signal.SIG_IGN))
+    before = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    try:
+        assert catches_signal(os.getpid(), signal.SIGUSR2) is False
+        signal.signal(signal.SIGUSR2, lambda *a: None)
+        assert catches_signal(os.getpid(), signal.SIGUSR2) is True
+    finally:
+        signal.signal(signal.SIGUSR2, before)
     assert catches_signal(2**22 + 12345, signal.SIGUSR1) is None  # no such process
 
 
