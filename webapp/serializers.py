@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import copy
+
 from django.core.validators import RegexValidator
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
@@ -37,7 +39,21 @@ class EventSerializer(serializers.ModelSerializer):
         fields = ["at", "from_state", "to_state", "reason", "actor"]
 
 
-class JobSerializer(serializers.ModelSerializer):
+class BuiltOnceFields:
+    """A ModelSerializer builds its fields from the model on every instance: for a job, about
+    half the cost of answering a submit. They depend only on the class, so build them once and
+    give each instance copies (DRF binds fields to their serializer, so they are not shared)."""
+
+    _built_fields: dict[type, dict] = {}
+
+    def get_fields(self):
+        built = BuiltOnceFields._built_fields.get(type(self))
+        if built is None:
+            built = BuiltOnceFields._built_fields[type(self)] = super().get_fields()  # type: ignore[misc]
+        return copy.deepcopy(built)
+
+
+class JobSerializer(BuiltOnceFields, serializers.ModelSerializer):
     tier = serializers.CharField(source="tier.code")
     original_tier = serializers.CharField(source="original_tier.code")
     owner = serializers.CharField(source="owner.username")

@@ -52,10 +52,10 @@ Checkpoint
     Install the ``SIGUSR1`` handler first thing, before heavy imports. clockq waits up to 2
     seconds after each start for the handler to be in place (it reads the process's caught
     signals from /proc) before it goes on; at a claim, that wait counts as the switch's cost,
-    not the slice's. A program killed by
-    ``SIGUSR1`` within its first 10 seconds, before its handler was in place, is treated as not
-    started yet: the checkpoint is the one it started from (none on a fresh start) and it starts
-    again next time. Killed by ``SIGUSR1`` later, it fails.
+    not the slice's. A program killed by ``SIGUSR1`` within its first 10 seconds, before its
+    handler was in place, is treated as not started yet: the checkpoint is the one it started
+    from (none on a fresh start) and it starts again next time. Killed by ``SIGUSR1`` later, it
+    fails.
 
 Exit
     Exit code 0 means done. Exit code 75 is only an answer to ``SIGUSR1``. Any other exit code,
