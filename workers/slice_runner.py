@@ -56,7 +56,7 @@ from workers.lease import lease_until
 from workers.persister import POPULATE_FROM_BYTES, Persist, Snapshot
 from workers.runtime import Runtime, TierInfo
 from workers.workloads import registry
-from workers.workloads.base import JobRefused, RunContext, Workload
+from workers.workloads.base import JobRefused, RunContext, StartAbandoned, Workload
 
 log = logging.getLogger("clockq.slices")
 
@@ -164,8 +164,8 @@ def workload_errors() -> Iterator[None]:
     (database, broker) are never counted against the job."""
     try:
         yield
-    except (JobRefused, ResultError):
-        raise  # not a failure of the job's code, or not one a retry can mend: it fails at once
+    except (JobRefused, ResultError, StartAbandoned):
+        raise  # refused, not mended by a retry, or (StartAbandoned) no failure: the caller decides
     except Exception as exc:
         raise SliceFailed(repr(exc)) from exc
 
@@ -330,8 +330,12 @@ class JobRun:
             except RestoreAbandoned as exc:
                 record.restore_ms = (time.perf_counter() - t0) * 1000
                 return self._make_way_during_restore(record, str(exc))
-            with workload_errors():
-                workload.ready()  # a switch's cost (a program's start), not the slice's
+            try:
+                with workload_errors():
+                    workload.ready(abandon=self._rt_wants_gpu)  # a switch's cost (a program's start)
+            except StartAbandoned as exc:
+                record.restore_ms = (time.perf_counter() - t0) * 1000
+                return self._make_way_during_restore(record, str(exc))
             record.restore_ms = (time.perf_counter() - t0) * 1000
             self.restore_ms = record.restore_ms if self.job.checkpoint_files else 0.0
             self._reserve_snapshot_memory()
@@ -445,10 +449,10 @@ class JobRun:
 
     def _rt_wants_gpu(self) -> bool:
         """During a cold restore, which can wait seconds for another worker's persist of a big
-        state: whether an RT job should have this GPU now, instead of after the restore and one
-        step. Every busy GPU heard the RT signal; as at a step (`_waiting_by_rank`), the one that
-        takes the RT job from the unclaimed count makes way, and the others go on (and forget
-        the signal, which was answered)."""
+        state, or a program's start: whether an RT job should have this GPU now, instead of
+        after the restore and one step. Every busy GPU heard the RT signal; as at a step
+        (`_waiting_by_rank`), the one that takes the RT job from the unclaimed count makes way,
+        and the others go on (and forget the signal, which was answered)."""
         if not self.runtime.interrupts.rt_waits(self.tier.rank):
             return False
         waiting = self._waiting_by_rank(self.home.rank, cut_short=True)  # [] if the broker is down

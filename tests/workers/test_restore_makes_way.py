@@ -13,6 +13,7 @@ from django.test import override_settings
 from clockq.bus import persists, signals
 from clockq.bus.client import client
 from clockq.jobs.models import Job
+from tests.harness import program_python
 from tests.helpers import submit
 from workers.checkpoints import CheckpointStore, checkpoint_name
 from workers.runtime import Runtime, WorkerIdentity
@@ -117,3 +118,22 @@ def test_a_restore_goes_on_when_another_gpu_took_the_rt_job(alice):
     assert after.events.filter(reason__contains="restored generation 1").exists()
     assert after.slices.order_by("-id").first().steps > 0
     assert not here.interrupts.rt_waiting.is_set()  # answered: the RT job was taken
+
+
+def test_an_rt_job_does_not_wait_for_a_command_jobs_program_to_start(operator):
+    # The program takes 1.5 s to install its SIGUSR1 handler; the worker waits for that at a
+    # claim (so a slice is not spent starting it), but not while an RT job waits.
+    code = "import signal, time; time.sleep(1.5); signal.signal(signal.SIGUSR1, lambda *a: None); time.sleep(30)"
+    job = submit(operator, "SP", "slow-start", workload="command", argv=[program_python(), "-c", code], step_ms=10)
+    here = Runtime(WorkerIdentity("gpu0@test", 0))
+    submit(operator, "RT", "urgent", steps=1)
+    threading.Timer(0.3, here.interrupts.rt_waiting.set).start()  # once the program is starting
+
+    started = time.monotonic()
+    assert run_dispatch(job.pk, job.dispatch_token, here) == RunOutcome.YIELDED
+    assert time.monotonic() - started < 1.2  # not after the program's 1.5 s start
+
+    after = Job.objects.get(pk=job.pk)
+    assert after.state == "queued" and after.checkpoint_files == [] and after.failures == 0
+    assert after.events.filter(reason=f"{MADE_WAY} (while its program started)").exists()
+    assert here.made_way_for_rt

@@ -13,7 +13,7 @@ from clockq.jobs import workloads
 from tests.harness import program_python, shared_copy, wait_for
 from workers.checkpoints import CheckpointStore
 from workers.workloads import command
-from workers.workloads.base import RunContext
+from workers.workloads.base import RunContext, StartAbandoned
 from workers.workloads.command import CommandWorkload, catches_signal
 
 FIXTURE = Path(__file__).parent / "fixtures" / "count_script.py"
@@ -125,6 +125,25 @@ def test_the_start_waits_for_the_handler_so_a_slow_starter_is_not_killed_by_its_
     w = make(work, [PY, "-c", code])
     w.ready()
     assert catches_signal(w.pid, signal.SIGUSR1)
+    assert w.state_dict() == b"7"
+    w.close()
+
+
+def test_a_start_abandoned_for_an_rt_job_kills_the_program_and_can_start_again(work):
+    code = (
+        "import os, signal, sys, time; time.sleep(0.5)\n"
+        "def on_usr1(*a):\n"
+        "    open(os.environ['CLOCKQ_CHECKPOINT_FILE'], 'w').write('7'); sys.exit(75)\n"
+        "signal.signal(signal.SIGUSR1, on_usr1); time.sleep(30)"
+    )
+    w = make(work, [PY, "-c", code])
+    asked = []
+    started = time.monotonic()
+    with pytest.raises(StartAbandoned):
+        w.ready(abandon=lambda: asked.append(1) or len(asked) > 3)
+    assert time.monotonic() - started < 0.4  # did not wait for the handler
+    assert w.pid is None  # killed, not left running
+    w.ready()  # the next claim starts it afresh
     assert w.state_dict() == b"7"
     w.close()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -12,6 +12,11 @@ from typing import Any, ClassVar
 class JobRefused(Exception):
     """The job can never run on this worker as things are (its configuration, its owner's
     quota). Retrying would only fail again, so the job fails at once with this reason."""
+
+
+class StartAbandoned(Exception):
+    """`ready()` gave up starting because `abandon()` said so (an RT job wants the GPU): what it
+    had started is undone, and the job goes back to its queue as it was."""
 
 
 @dataclass(frozen=True)
@@ -47,11 +52,12 @@ class Workload(ABC):
     def setup(self, ctx: RunContext) -> None:  # noqa: B027 - optional hook
         """Prepare to run (build models, open files). Called once per claim."""
 
-    def ready(self) -> None:  # noqa: B027 - optional hook
+    def ready(self, abandon: Callable[[], bool] | None = None) -> None:  # noqa: B027 - optional hook
         """Called at every claim, after `setup()` and any `load_state_dict()`, and also when the
         job comes back to a worker that kept it warm: do what must happen before work can start
         (start a process). Its time is charged to the switch, not to the slice, so a slice is
-        not eaten by it. Optional."""
+        not eaten by it. Where that takes a while, ask `abandon()` now and then; when it says
+        so, undo what was started and raise StartAbandoned. Optional."""
 
     @abstractmethod
     def step(self) -> float:

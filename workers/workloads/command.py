@@ -52,10 +52,11 @@ Checkpoint
     Install the ``SIGUSR1`` handler first thing, before heavy imports. clockq waits up to 2
     seconds after each start for the handler to be in place (it reads the process's caught
     signals from /proc) before it goes on; at a claim, that wait counts as the switch's cost,
-    not the slice's. A program killed by ``SIGUSR1`` within its first 10 seconds, before its
-    handler was in place, is treated as not started yet: the checkpoint is the one it started
-    from (none on a fresh start) and it starts again next time. Killed by ``SIGUSR1`` later, it
-    fails.
+    not the slice's. If an RT job wants the GPU meanwhile, the program is killed (SIGKILL to its
+    group) and starts again from the same checkpoint later. A program killed by ``SIGUSR1``
+    within its first 10 seconds, before its handler was in place, is treated as not started
+    yet: the checkpoint is the one it started from (none on a fresh start) and it starts again
+    next time. Killed by ``SIGUSR1`` later, it fails.
 
 Exit
     Exit code 0 means done. Exit code 75 is only an answer to ``SIGUSR1``. Any other exit code,
@@ -79,6 +80,7 @@ import signal
 import stat
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -88,7 +90,7 @@ from clockq.jobs.results import MAX_FILES as MAX_RESULT_FILES
 from clockq.jobs.results import SAFE_NAME as SAFE_RESULT_NAME
 from clockq.jobs.results import ResultError
 from workers.sandbox import prepare_work_dir, sandbox_for_commands
-from workers.workloads.base import RunContext, Workload
+from workers.workloads.base import RunContext, StartAbandoned, Workload
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +149,15 @@ class CommandWorkload(Workload):
 
     # -- the contract ---------------------------------------------------------------------
 
-    def ready(self) -> None:
+    def ready(self, abandon: Callable[[], bool] | None = None) -> None:
         """Start the program before the slice's clock does, so that its start-up (an
         interpreter, its imports) counts as the switch's cost. Started inside the slice, a
         program slower to start than a slice is long would be asked to checkpoint before its
-        handler was in place, slice after slice, and never get anywhere while it shares a GPU."""
+        handler was in place, slice after slice, and never get anywhere while it shares a GPU.
+        An RT job (`abandon()`) does not wait for the start: the program, not started yet, is
+        killed, and starts again from the same checkpoint next time."""
         if self.proc is None and not self.finished:
-            self._start()
+            self._start(abandon)
 
     def step(self) -> float:
         if self.finished:
@@ -293,7 +297,7 @@ class CommandWorkload(Workload):
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
-    def _start(self) -> None:
+    def _start(self, abandon: Callable[[], bool] | None = None) -> None:
         if not self.resume:
             self.checkpoint_file.unlink(missing_ok=True)
             self.progress_file.unlink(missing_ok=True)
@@ -330,9 +334,9 @@ class CommandWorkload(Workload):
             self._close_files()
             raise RuntimeError(f"could not start {argv[0]!r}: {exc}") from exc
         self._started_at = time.monotonic()
-        self._await_handler()
+        self._await_handler(abandon)
 
-    def _await_handler(self) -> None:
+    def _await_handler(self, abandon: Callable[[], bool] | None) -> None:
         """Wait until the program has installed its SIGUSR1 handler, as the kernel shows in
         /proc/PID/status, or has exited, for at most HANDLER_WAIT_S: a SIGUSR1 sent before then
         would kill it. It is bounded because an RT job may be waiting for this GPU. Where /proc
@@ -341,6 +345,9 @@ class CommandWorkload(Workload):
         while time.monotonic() - self._started_at < HANDLER_WAIT_S:
             if catches_signal(self.proc.pid, signal.SIGUSR1) is not False:
                 return
+            if abandon is not None and abandon():
+                self._kill()
+                raise StartAbandoned("while its program started")
             try:
                 self.proc.wait(timeout=HANDLER_POLL_S)
                 return  # exited: step() reads its code
