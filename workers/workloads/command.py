@@ -339,8 +339,8 @@ class CommandWorkload(Workload):
     def _await_handler(self, abandon: Callable[[], bool] | None) -> None:
         """Wait until the program has installed its SIGUSR1 handler, as the kernel shows in
         /proc/PID/status, or has exited, for at most HANDLER_WAIT_S: a SIGUSR1 sent before then
-        would kill it. It is bounded because an RT job may be waiting for this GPU. Where /proc
-        cannot tell, it does not wait."""
+        would kill it. Bounded, so that a program that never installs one does not hold up the
+        claim; an RT job (`abandon()`) ends it at once. Where /proc cannot tell, it does not wait."""
         assert self.proc is not None
         while time.monotonic() - self._started_at < HANDLER_WAIT_S:
             if catches_signal(self.proc.pid, signal.SIGUSR1) is not False:
