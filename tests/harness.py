@@ -163,6 +163,24 @@ def fill(directory, name: str = "filler") -> None:
             pass
 
 
+ZOMBIE = ("Z", "X")  # process states of the dead that are still listed
+
+
+def process_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name: state, parent, process group, ...
+    None once the process is gone. A zombie (state Z or X) is dead but still listed."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def is_alive(pid: int) -> bool:
+    """Whether `pid` is a live process; a zombie left for its parent to reap counts as dead."""
+    fields = process_stat(pid)
+    return fields is not None and fields[0] not in ZOMBIE
+
+
 def program_python() -> str:
     """A Python the sandboxed command user can run. As root, jobs' programs run as an
     unprivileged user, who cannot reach an interpreter under /root (where pyenv and the venv may

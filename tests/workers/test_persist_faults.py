@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 from clockq.jobs.models import Job
-from tests.harness import wait_for
+from tests.harness import ZOMBIE, process_stat, wait_for
 from tests.helpers import assert_no_overlap, submit, wait_finished
 from workers.checkpoints import CheckpointStore, generation_of
 from workers.reaper import reap_expired_leases
@@ -42,13 +41,10 @@ def _process_group_of(hostname: str) -> int:
 def _live_members(groups: set[int]) -> list[int]:
     """The processes of these process groups that are not dead yet (a zombie is dead)."""
     members = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields[2]) in groups and fields[0] not in ("Z", "X"):  # process group; a zombie is dead
-            members.append(int(entry))
+    for pid in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
+        fields = process_stat(pid)  # state, parent, process group, ...
+        if fields is not None and fields[0] not in ZOMBIE and int(fields[2]) in groups:
+            members.append(pid)
     return members
 
 

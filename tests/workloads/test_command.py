@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from clockq.jobs import workloads
+from tests.harness import is_alive as alive
 from tests.harness import program_python, shared_copy, wait_for
 from workers.checkpoints import CheckpointStore
 from workers.workloads import command
@@ -46,15 +47,6 @@ def step_until(w: CommandWorkload, progress: float, timeout: float = 5.0) -> flo
     while (p := w.step()) < progress:
         assert time.monotonic() < deadline, f"stuck at progress {p}"
     return p
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie left for init to reap counts as dead)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def test_checkpoint_close_and_resume_in_a_new_instance(work, script):
