@@ -14,6 +14,7 @@ from kombu import Exchange, Queue
 
 from clockq.env import (
     env_bool,
+    env_choice,
     env_float,
     env_int,
     env_int_list,
@@ -400,11 +401,24 @@ if CLOCKQ_SCALE_HOOK is not None:
     except ValueError as _exc:
         raise ImproperlyConfigured(f"CLOCKQ_SCALE_HOOK: {_exc}") from None
 
-# The `command` workload runs a user's program as this unprivileged user (workers running as
-# root make it if missing), with these limits; 0 means no limit. Address space is unlimited by
-# default because CUDA reserves far more virtual memory than it uses.
-CLOCKQ_COMMAND_USER = env_str("CLOCKQ_COMMAND_USER") or "clockq-job"
+# The `command` workload runs a user's program in a bubblewrap sandbox (workers/sandbox.py),
+# as a uid of its own from this range (workers running as root), with these limits; 0 means no
+# limit. Address space is unlimited by default because CUDA reserves far more virtual memory
+# than it uses. CLOCKQ_COMMAND_SANDBOX=none runs programs unsandboxed: unsafe, for a machine
+# whose every user is trusted.
+CLOCKQ_COMMAND_SANDBOX = env_choice("CLOCKQ_COMMAND_SANDBOX", "bwrap", ("bwrap", "none"))
+CLOCKQ_COMMAND_NETWORK = env_choice("CLOCKQ_COMMAND_NETWORK", "host", ("host", "none"))
+CLOCKQ_COMMAND_UID_BASE = env_int("CLOCKQ_COMMAND_UID_BASE", 1_000_000_000, min_value=1, max_value=2**32 - 2)
+CLOCKQ_COMMAND_UID_COUNT = env_int(
+    "CLOCKQ_COMMAND_UID_COUNT", 1_000_000_000, min_value=1, max_value=2**32 - 1 - CLOCKQ_COMMAND_UID_BASE
+)
+# Folders a program may read although they lie in a folder it does not see (/tmp, clockq's code).
+CLOCKQ_COMMAND_READ_PATHS = env_list("CLOCKQ_COMMAND_READ_PATHS", [])
+for _path in CLOCKQ_COMMAND_READ_PATHS:
+    if not os.path.isabs(_path):
+        raise ImproperlyConfigured(f"CLOCKQ_COMMAND_READ_PATHS: {_path!r} is not an absolute path")
 CLOCKQ_ALLOW_SAME_USER_COMMANDS = env_bool("CLOCKQ_ALLOW_SAME_USER_COMMANDS", False)
+CLOCKQ_COMMAND_MAX_PROCESSES = env_int("CLOCKQ_COMMAND_MAX_PROCESSES", 1024, min_value=0, max_value=1_048_576)
 CLOCKQ_COMMAND_CPU_S = env_int("CLOCKQ_COMMAND_CPU_S", 7 * 86_400, min_value=0)
 CLOCKQ_COMMAND_MEMORY_MB = env_int("CLOCKQ_COMMAND_MEMORY_MB", 0, min_value=0)
 CLOCKQ_COMMAND_MAX_FILES = env_int("CLOCKQ_COMMAND_MAX_FILES", 4096, min_value=0, max_value=1_048_576)

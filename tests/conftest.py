@@ -89,6 +89,9 @@ def _clean_slate(request, redis_server, crossable_dir, settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins
     settings.CLOCKQ_CHECKPOINT_DIR = crossable_dir / "checkpoints"
     settings.CLOCKQ_ALLOW_SAME_USER_COMMANDS = os.geteuid() != 0  # as root, commands are sandboxed
+    # Test programs are copied into crossable_dir, under /tmp, which a sandboxed program does
+    # not see: show it (read-only; the checkpoint store in it stays hidden).
+    settings.CLOCKQ_COMMAND_READ_PATHS = [str(crossable_dir)]
     marker = request.node.get_closest_marker("django_db")
     if marker or {"db", "transactional_db"} & set(request.fixturenames):
         # Transactional tests flush every table, the seeded tiers included.
@@ -137,6 +140,7 @@ def start_workers(transactional_db, redis_server, settings, tmp_path):
                 "DATABASE_URL": database_url(),
                 "CLOCKQ_CHECKPOINT_DIR": str(settings.CLOCKQ_CHECKPOINT_DIR),
                 "CLOCKQ_ALLOW_SAME_USER_COMMANDS": "1" if settings.CLOCKQ_ALLOW_SAME_USER_COMMANDS else "0",
+                "CLOCKQ_COMMAND_READ_PATHS": ",".join(settings.CLOCKQ_COMMAND_READ_PATHS),
                 "CLOCKQ_LOG_LEVEL": "INFO",
                 **env,
             },

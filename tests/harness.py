@@ -181,12 +181,29 @@ def is_alive(pid: int) -> bool:
     return fields is not None and fields[0] not in ZOMBIE
 
 
+def processes_of(uid: int) -> list[int]:
+    """The live processes whose real uid is `uid`: a job's program and all it started, since
+    each running program has a uid of its own."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        line = next((x for x in status.splitlines() if x.startswith("Uid:")), "")
+        if line.split()[1:2] == [str(uid)] and is_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
 def program_python() -> str:
-    """A Python the sandboxed command user can run. As root, jobs' programs run as an
-    unprivileged user, who cannot reach an interpreter under /root (where pyenv and the venv may
-    live): use the system's. Otherwise this one."""
+    """A Python a sandboxed program can run: the system's. The sandbox hides clockq's folder,
+    where the venv lives, and as root programs run as a uid of their own, which cannot reach an
+    interpreter under /root (pyenv's). Where there is none, this one."""
     system = "/usr/bin/python3"
-    return system if os.geteuid() == 0 and os.access(system, os.X_OK) else sys.executable
+    return system if os.access(system, os.X_OK) else sys.executable
 
 
 def shared_copy(source: Path, folder: Path) -> str:

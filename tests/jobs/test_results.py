@@ -67,13 +67,14 @@ def test_only_listed_plain_names_open(tmp_path):
 def test_a_command_programs_result_folder_never_hands_over_a_linked_file(tmp_path):
     """The program owns CLOCKQ_RESULT_DIR; a link there (or the folder itself a link) fails the
     job instead of copying a file the worker can read and the job's owner should not."""
+    from workers.job_folder import JobFolder
     from workers.workloads.command import CommandWorkload
 
     work = tmp_path / "work"
     (work / "result").mkdir(parents=True)
     (work / "result" / "ok.txt").write_bytes(b"fine")
     workload = CommandWorkload({"argv": ["true"]})
-    workload.work_dir = work
+    workload.folder = JobFolder(work, None)
     out = tmp_path / "out"
     out.mkdir()
     workload.write_result(out)
@@ -83,6 +84,15 @@ def test_a_command_programs_result_folder_never_hands_over_a_linked_file(tmp_pat
     with pytest.raises(ResultError, match="stolen"):
         (tmp_path / "out2").mkdir()
         workload.write_result(tmp_path / "out2")
+    os.unlink(work / "result" / "stolen")
+
+    # A hard link is a regular file too, but a second name of someone else's.
+    (tmp_path / "private").write_bytes(b"not the job's")
+    os.link(tmp_path / "private", work / "result" / "linked")
+    with pytest.raises(ResultError, match="linked"):
+        (tmp_path / "out4").mkdir()
+        workload.write_result(tmp_path / "out4")
+    os.unlink(work / "result" / "linked")
 
     (work / "result").rename(work / "elsewhere")
     os.symlink("/etc", work / "result")

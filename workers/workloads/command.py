@@ -1,14 +1,19 @@
 """Run an external program, so users can bring existing training scripts. Submitting one needs
-the `run command` permission; it runs in a sandbox (workers/sandbox.py): as an unprivileged
-user, with resource limits, and with no credentials to clockq.
+the `run command` permission; it runs in a bubblewrap sandbox (workers/sandbox.py): in PID,
+mount and user namespaces of its own, as a uid no other running job has, seeing the system
+read-only and its work folder as its only writable place, with resource limits and no
+credentials to clockq. Every file the worker touches in the work folder is opened there
+without following a link (workers/job_folder.py).
 
 The program and clockq talk through a small protocol. Write scripts against it exactly:
 
 Start
-    clockq runs ``argv`` (no shell) in its own session and process group, as the user
-    CLOCKQ_COMMAND_USER, with the job's work folder (its only writable place) as the current
-    directory and HOME, stdin from /dev/null, and stdout and stderr appended to ``stdout.log``
-    and ``stderr.log`` in that folder. The environment is the worker's, less clockq's
+    clockq runs ``argv`` (no shell) in its own sandbox, session and PID namespace, as a uid of
+    its own (``CLOCKQ_COMMAND_UID_BASE`` + the job's id, as a rule), with the job's work folder
+    (its only writable place, at the same path as on the host) as the current directory and
+    HOME, a private ``/tmp``, stdin from /dev/null, and stdout and stderr appended to
+    ``stdout.log`` and ``stderr.log`` in that folder (a link or anything but a file of the
+    job's put in their place is replaced by a new, empty log). The environment is the worker's, less clockq's
     credentials (DATABASE_URL, REDIS_URL, SECRET_KEY, ...), with ``CUDA_VISIBLE_DEVICES`` left
     as inherited (the worker's GPU), plus:
 
@@ -46,7 +51,7 @@ Checkpoint
     wrapper, ``exec`` the real program). The program then writes a non-empty checkpoint to
     ``CLOCKQ_CHECKPOINT_FILE`` (atomically: temporary file in the same folder, then rename)
     and exits with code 75 (EX_TEMPFAIL, "requeue me"). It has 60 seconds; after that clockq
-    kills its process group and the checkpoint fails. After a checkpoint the program is
+    kills its sandbox and the checkpoint fails. After a checkpoint the program is
     stopped; if the job keeps running, clockq starts it again with ``--resume``.
 
     Install the ``SIGUSR1`` handler first thing, before heavy imports. clockq waits up to 2
@@ -59,9 +64,11 @@ Checkpoint
     next time. Killed by ``SIGUSR1`` later, it fails.
 
 Exit
-    Exit code 0 means done. Exit code 75 is only an answer to ``SIGUSR1``. Any other exit code,
+    When the program's first process exits, every process it left is killed (the sandbox's PID
+    namespace ends with it). Exit code 0 means done. Exit code 75 is only an answer to ``SIGUSR1``. Any other exit code,
     75 unasked, or death by a signal fails the job, with the exit code and the last 2 KB of
-    the program's stderr in the error. If a program may finish while a checkpoint is being
+    the program's stderr in the error. As in a shell, an exit code above 128 reads as death by
+    signal (code - 128). If a program may finish while a checkpoint is being
     requested, it should write a final checkpoint before exiting 0: clockq then keeps that
     checkpoint, and a program resumed from it should exit 0 at once.
 
@@ -75,21 +82,19 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
-import stat
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 from django.conf import settings
 
 from clockq.jobs.results import MAX_FILES as MAX_RESULT_FILES
 from clockq.jobs.results import SAFE_NAME as SAFE_RESULT_NAME
 from clockq.jobs.results import ResultError
-from workers.sandbox import prepare_work_dir, sandbox_for_commands
+from workers.job_folder import JobFolder, UnsafeEntry
+from workers.sandbox import Pidfd, UidLease, first_child, prepare_work_dir, read_child_pid, sandbox_for_commands
 from workers.workloads.base import RunContext, StartAbandoned, Workload
 
 log = logging.getLogger(__name__)
@@ -135,17 +140,25 @@ class CommandWorkload(Workload):
         self.sandbox = sandbox_for_commands()  # JobRefused if this worker cannot run programs safely
         self.work_dir = Path(ctx.work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        prepare_work_dir(self.work_dir, Path(settings.CLOCKQ_CHECKPOINT_DIR), self.sandbox)
+        uid = self.sandbox.uid_for(ctx.job_id)
+        prepare_work_dir(self.work_dir, Path(settings.CLOCKQ_CHECKPOINT_DIR), uid)
+        self.folder = JobFolder(self.work_dir, uid)
+        if uid is not None and self.folder.owned_by() != uid:
+            self.folder.give_tree_to_owner()
         self.checkpoint_file = self.work_dir / CHECKPOINT_NAME
         self.progress_file = self.work_dir / PROGRESS_NAME
-        self.stderr_file = self.work_dir / STDERR_NAME
         self.proc: subprocess.Popen[bytes] | None = None
+        self.program_pid: int | None = None  # the program's own process (in a sandbox, not bwrap's)
+        self.program: Pidfd | None = None  # the same, to signal without a reused pid's risk
+        self.namespace: Pidfd | None = None  # the first process of its PID namespace
+        self.uid_lease: UidLease | None = None
         self.resume = False
         self.finished = False
         self._started_at = 0.0
         self._stderr_offset = 0
+        self._stderr_tail = ""
         self._metrics_offset = 0  # read from the start at each claim; re-read steps replace
-        self._files: list[IO[bytes]] = []
+        self._logs: list[int] = []  # stdout's and stderr's descriptors while the program runs
 
     # -- the contract ---------------------------------------------------------------------
 
@@ -166,7 +179,7 @@ class CommandWorkload(Workload):
             self._start()
         assert self.proc is not None
         try:
-            code = self.proc.wait(timeout=self.params["step_ms"] / 1000.0)
+            code = self._exit_code(self.proc.wait(timeout=self.params["step_ms"] / 1000.0))
         except subprocess.TimeoutExpired:
             return min(self._read_progress(), MAX_RUNNING_PROGRESS)
         self._reaped()
@@ -179,16 +192,16 @@ class CommandWorkload(Workload):
         if self.proc is None:
             # Not running: the state is the checkpoint it last wrote or was given, if any.
             if self.finished:
-                if not self.checkpoint_file.exists():
+                if not self.folder.exists(CHECKPOINT_NAME):
                     raise RuntimeError("the program finished without writing a checkpoint")
                 return self._read_checkpoint()
             return self._read_checkpoint() if self.resume else b""  # b"": resuming starts afresh
-        before = _signature(self.checkpoint_file)
+        before = self.folder.signature(CHECKPOINT_NAME)
         uptime = time.monotonic() - self._started_at
-        with contextlib.suppress(ProcessLookupError):  # exited meanwhile: its code tells what happened
-            self.proc.send_signal(signal.SIGUSR1)
+        if self.program is not None:
+            self.program.send(signal.SIGUSR1)  # exited meanwhile: its code tells what happened
         try:
-            code = self.proc.wait(timeout=CHECKPOINT_TIMEOUT_S)
+            code = self._exit_code(self.proc.wait(timeout=CHECKPOINT_TIMEOUT_S))
         except subprocess.TimeoutExpired:
             self._kill()
             raise RuntimeError(
@@ -197,19 +210,19 @@ class CommandWorkload(Workload):
             ) from None
         self._reaped()
         self.resume = True
-        changed = _signature(self.checkpoint_file) != before
+        changed = self.folder.signature(CHECKPOINT_NAME) != before
         if code == EX_TEMPFAIL:
             if not changed:
                 raise self._failure(code, f"exited {EX_TEMPFAIL} without writing {CHECKPOINT_NAME}")
             return self._read_checkpoint()
         if code == 0:
             self.finished = True
-            if not self.checkpoint_file.exists():
+            if not self.folder.exists(CHECKPOINT_NAME):
                 raise RuntimeError("the program finished during a checkpoint without writing a checkpoint")
             return self._read_checkpoint()
         if code == -signal.SIGUSR1 and not changed and uptime < STARTUP_GRACE_S:
             log.warning("job %s: program killed by SIGUSR1 before its handler was in place", self.ctx.job_id)
-            if self.checkpoint_file.exists():
+            if self.folder.exists(CHECKPOINT_NAME):
                 return self._read_checkpoint()
             self.resume = False
             return b""
@@ -219,16 +232,12 @@ class CommandWorkload(Workload):
         self._stop()
         self.finished = False
         if not state:
-            self.checkpoint_file.unlink(missing_ok=True)
+            self.folder.unlink(CHECKPOINT_NAME)
             self.resume = False
             return
-        tmp = self.checkpoint_file.with_name(CHECKPOINT_NAME + ".clockq-tmp")
-        with open(tmp, "wb") as f:
-            f.write(state)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.checkpoint_file)
-        self.sandbox.hand_over(self.checkpoint_file)  # the program reads it on resume
+        # Given to the program's uid, which reads it on resume; whatever the program left at
+        # the temporary name is replaced, never written through.
+        self.folder.write_atomic(CHECKPOINT_NAME, state)
         self.resume = True
 
     def metrics(self) -> list[tuple[int, str, float]]:
@@ -236,12 +245,10 @@ class CommandWorkload(Workload):
         most METRICS_READ_BYTES at a time. The file is the program's, so it is opened without
         following a link, and a line that is not a JSON object with an integer `step` is skipped."""
         try:
-            fd = os.open(self.work_dir / METRICS_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = self.folder.open_file(METRICS_NAME)
         except OSError:
-            return []  # none yet (or a link: nothing is read through it)
+            return []  # none yet (or a link, or not the job's: nothing is read through it)
         with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return []
             fh.seek(self._metrics_offset)
             chunk = fh.read(METRICS_READ_BYTES)
         end = chunk.rfind(b"\n") + 1  # only whole lines; the rest is read next time
@@ -258,35 +265,37 @@ class CommandWorkload(Workload):
 
     def write_result(self, directory: Path) -> None:
         """Copy the files the program left in CLOCKQ_RESULT_DIR. The program owns that folder and
-        may have swapped anything in it for a link, so nothing is opened by path: the folder is
-        opened relative to the work folder, and each file relative to it, never following a
-        link (O_NOFOLLOW). Otherwise a link to a file only the worker may read would hand that
-        file to the job's owner."""
-        work = os.open(self.work_dir, os.O_RDONLY | os.O_DIRECTORY)
+        may have swapped anything in it for a link, so nothing is opened by path: the folder and
+        each file are opened relative to their folder, never following a link, and only the
+        job's own regular files are copied (workers/job_folder.py). Otherwise a link to a file
+        only the worker may read would hand that file to the job's owner."""
         try:
-            try:
-                folder = os.open(RESULT_DIR_NAME, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=work)
-            except FileNotFoundError:
-                return  # no result
-            except OSError as exc:
-                raise ResultError(f"{RESULT_DIR_NAME}/ in the work folder is not a folder: {exc}") from exc
-            try:
-                names = sorted(os.listdir(folder))
-                if len(names) > MAX_RESULT_FILES:
+            folder = self.folder.subfolder(RESULT_DIR_NAME)
+        except FileNotFoundError:
+            return  # no result
+        except OSError as exc:
+            raise ResultError(f"{RESULT_DIR_NAME}/ in the work folder is not a folder: {exc}") from exc
+        with folder:
+            names = sorted(folder.names())
+            if len(names) > MAX_RESULT_FILES:
+                raise ResultError(
+                    f"a result holds at most {MAX_RESULT_FILES} files; {RESULT_DIR_NAME}/ has {len(names)}"
+                )
+            for name in names:
+                if not SAFE_RESULT_NAME.match(name):
+                    raise ResultError(f"result file name {name[:60]!r} is not allowed (letters, digits, . _ -)")
+                try:
+                    folder.copy_to(name, directory / name)
+                except OSError as exc:
                     raise ResultError(
-                        f"a result holds at most {MAX_RESULT_FILES} files; {RESULT_DIR_NAME}/ has {len(names)}"
-                    )
-                for name in names:
-                    if not SAFE_RESULT_NAME.match(name):
-                        raise ResultError(f"result file name {name[:60]!r} is not allowed (letters, digits, . _ -)")
-                    _copy_no_follow(folder, name, directory / name)
-            finally:
-                os.close(folder)
-        finally:
-            os.close(work)
+                        f"result entry {name[:60]!r} cannot be read (links, folders and files not "
+                        f"the job's own are refused): {exc.strerror or exc}"
+                    ) from exc
 
     def close(self) -> None:
         self._stop()
+        if hasattr(self, "folder"):  # set up
+            self.folder.close()
 
     def declared_gpu_util(self) -> float | None:
         return None
@@ -295,16 +304,17 @@ class CommandWorkload(Workload):
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
+        return self.program_pid
 
     def _start(self, abandon: Callable[[], bool] | None = None) -> None:
         if not self.resume:
-            self.checkpoint_file.unlink(missing_ok=True)
-            self.progress_file.unlink(missing_ok=True)
+            self.folder.unlink(CHECKPOINT_NAME)
+            self.folder.unlink(PROGRESS_NAME)
+        self._take_uid()
         argv = list(self.params["argv"]) + (["--resume"] if self.resume else [])
         # The program is the user's code: it gets no credentials to clockq's own services.
         env = program_environment(dict(os.environ))
-        env.update(self.sandbox.env(self.work_dir))
+        env.update(self.sandbox.env(self.work_dir, self.folder.owner))
         env.update(
             CLOCKQ_CHECKPOINT_FILE=str(self.checkpoint_file),
             CLOCKQ_PROGRESS_FILE=str(self.progress_file),
@@ -315,26 +325,52 @@ class CommandWorkload(Workload):
         )
         if self.resume:
             env["CLOCKQ_RESUME"] = "1"
-        stdout = open(self.work_dir / STDOUT_NAME, "ab")  # noqa: SIM115 - closed in _reaped
-        stderr = open(self.stderr_file, "ab")  # noqa: SIM115 - closed in _reaped
-        self._files = [stdout, stderr]
-        self._stderr_offset = stderr.tell()
         try:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=stdout,
-                stderr=stderr,
-                cwd=self.work_dir,
-                env=env,
-                start_new_session=True,
-                **self.sandbox.popen_kwargs(),
-            )
+            self._logs = [self.folder.open_log(STDOUT_NAME), self.folder.open_log(STDERR_NAME)]
+            self._stderr_offset = os.fstat(self._logs[1]).st_size
+            info_read, info_write = os.pipe() if self.sandbox.bwrap else (None, None)
+            try:
+                self.proc = subprocess.Popen(
+                    self.sandbox.argv(argv, work_dir=self.work_dir, info_fd=info_write),
+                    stdin=subprocess.DEVNULL,
+                    stdout=self._logs[0],
+                    stderr=self._logs[1],
+                    cwd=self.work_dir,
+                    env=env,
+                    pass_fds=() if info_write is None else (info_write,),
+                    **self.sandbox.popen_kwargs(self.folder.owner),
+                )
+            finally:
+                if info_write is not None:
+                    os.close(info_write)
         except OSError as exc:
-            self._close_files()
+            self._close_logs()
+            self._release_uid()
             raise RuntimeError(f"could not start {argv[0]!r}: {exc}") from exc
         self._started_at = time.monotonic()
+        if info_read is None:
+            self.program_pid = self.proc.pid
+        else:
+            # None: bwrap could not set the sandbox up, and its exit says why.
+            self.namespace = Pidfd.open(read_child_pid(info_read))
+            self.program_pid = first_child(self.namespace, self.proc) if self.namespace else None
+        self.program = Pidfd.open(self.program_pid)
         self._await_handler(abandon)
+
+    def _take_uid(self) -> None:
+        """A uid for this run of the program that no other running program has: the job's own
+        unless another job that maps to it runs now; then the folder is given to the other."""
+        self.uid_lease = self.sandbox.lease_uid(self.ctx.job_id)
+        if self.uid_lease is not None and self.uid_lease.uid != self.folder.owner:
+            log.info("job %s: its program runs as uid %s this time", self.ctx.job_id, self.uid_lease.uid)
+            self.folder.owner = self.uid_lease.uid
+        if self.folder.owner is not None and self.folder.owned_by() != self.folder.owner:
+            self.folder.give_tree_to_owner()
+
+    def _release_uid(self) -> None:
+        if self.uid_lease is not None:
+            self.uid_lease.release()
+            self.uid_lease = None
 
     def _await_handler(self, abandon: Callable[[], bool] | None) -> None:
         """Wait until the program has installed its SIGUSR1 handler, as the kernel shows in
@@ -342,8 +378,8 @@ class CommandWorkload(Workload):
         would kill it. Bounded, so that a program that never installs one does not hold up the
         claim; an RT job (`abandon()`) ends it at once. Where /proc cannot tell, it does not wait."""
         assert self.proc is not None
-        while time.monotonic() - self._started_at < HANDLER_WAIT_S:
-            if catches_signal(self.proc.pid, signal.SIGUSR1) is not False:
+        while self.program_pid is not None and time.monotonic() - self._started_at < HANDLER_WAIT_S:
+            if catches_signal(self.program_pid, signal.SIGUSR1) is not False:
                 return
             if abandon is not None and abandon():
                 self._kill()
@@ -354,38 +390,67 @@ class CommandWorkload(Workload):
             except subprocess.TimeoutExpired:
                 pass
 
-    def _reaped(self, *, group_killed: bool = False) -> None:
-        """The main process has exited: kill anything it left in its group, forget it."""
+    def _exit_code(self, code: int) -> int:
+        """The program's exit code, negative for death by a signal, as Popen gives it. bwrap
+        passes on a code, or 128 + the signal that killed the program, as a shell does."""
+        if self.sandbox.bwrap and code > 128 and code - 128 < signal.NSIG:
+            return -(code - 128)
+        return code
+
+    def _reaped(self) -> None:
+        """The program's first process has exited: end what it left (in a sandbox, the PID
+        namespace ends with its first process), keep the end of its stderr, forget it."""
         assert self.proc is not None
-        if not group_killed:
-            _killpg(self.proc.pid)
+        self._end_sandbox()
         self.proc = None
-        self._close_files()
+        self.program_pid = None
+        for handle in (self.program, self.namespace):
+            if handle is not None:
+                handle.close()
+        self.program = self.namespace = None
+        self._stderr_tail = _tail(self._logs[1], self._stderr_offset, STDERR_TAIL_BYTES) if self._logs else ""
+        self._close_logs()
+        self._release_uid()
+
+    def _end_sandbox(self) -> None:
+        """Kill every process the program started, and wait for the sandbox to be gone."""
+        assert self.proc is not None
+        if self.namespace is not None:
+            # The death of a PID namespace's first process makes the kernel kill every other
+            # process in it, and that first process is gone only once all of them are.
+            self.namespace.send(signal.SIGKILL)
+            self.namespace.wait()
+        elif not self.sandbox.bwrap:
+            _killpg(self.proc.pid)  # unsandboxed: its process group is all that can be found
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
     def _kill(self) -> None:
-        assert self.proc is not None
-        _killpg(self.proc.pid)
-        self.proc.wait()
-        self._reaped(group_killed=True)
+        self._reaped()
 
     def _stop(self) -> None:
         if self.proc is not None:
             self._kill()
 
-    def _close_files(self) -> None:
-        for f in self._files:
-            f.close()
-        self._files = []
+    def _close_logs(self) -> None:
+        for fd in self._logs:
+            os.close(fd)
+        self._logs = []
 
     def _read_progress(self) -> float:
         try:
-            value = float(self.progress_file.read_text(encoding="utf-8", errors="replace").strip())
+            raw = self.folder.read(PROGRESS_NAME, limit=64)
+            value = float((raw or b"").decode("utf-8", errors="replace").strip())
         except (OSError, ValueError):
             return 0.0
         return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
 
     def _read_checkpoint(self) -> bytes:
-        data = self.checkpoint_file.read_bytes()
+        try:
+            data = self.folder.read(CHECKPOINT_NAME)
+        except UnsafeEntry as exc:
+            raise RuntimeError(f"the program's {CHECKPOINT_NAME} cannot be used: {exc.strerror}") from None
         if not data:
             raise RuntimeError(f"the program wrote an empty {CHECKPOINT_NAME}")
         return data
@@ -395,7 +460,7 @@ class CommandWorkload(Workload):
         return RuntimeError(f"the program {what}{f' ({context})' if context else ''}{self._stderr_suffix()}")
 
     def _stderr_suffix(self) -> str:
-        tail = _tail(self.stderr_file, self._stderr_offset, STDERR_TAIL_BYTES)
+        tail = self._stderr_tail
         return f"; stderr ends:\n{tail}" if tail.strip() else "; stderr is empty"
 
 
@@ -417,20 +482,13 @@ def catches_signal(pid: int, signum: int) -> bool | None:
     return None
 
 
-def _signature(path: Path) -> tuple[int, int, int] | None:
+def _tail(fd: int, offset: int, limit: int) -> str:
+    """The end of what was written to `fd` since `offset`, read back through the worker's own
+    descriptor: never through whatever the program has put at the log's name since."""
     try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _tail(path: Path, offset: int, limit: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(offset, size - limit))
-            return f.read(limit).decode("utf-8", errors="replace")
+        size = os.fstat(fd).st_size
+        start = max(offset, size - limit)
+        return os.pread(fd, limit, start).decode("utf-8", errors="replace")
     except OSError:
         return ""
 
@@ -440,15 +498,3 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return str(signum)
-
-
-def _copy_no_follow(folder_fd: int, name: str, to: Path) -> None:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
-    except OSError as exc:
-        raise ResultError(f"result entry {name[:60]!r} cannot be read (links are refused): {exc}") from exc
-    with os.fdopen(fd, "rb") as source:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ResultError(f"result entry {name[:60]!r} is not a regular file")
-        with open(to, "xb") as target:
-            shutil.copyfileobj(source, target, 1 << 20)

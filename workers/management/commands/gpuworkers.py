@@ -46,14 +46,8 @@ class Command(BaseCommand):
 
     @staticmethod
     def _how_commands_run() -> str:
-        """Say at startup what becomes of `command` jobs here, making the sandbox user if needed."""
+        """Say at startup what becomes of `command` jobs here, and why if they are refused."""
         try:
-            box = sandbox.sandbox_for_commands()
+            return sandbox.sandbox_for_commands().describe()
         except JobRefused as exc:
             return f"command jobs: refused on this host: {exc}"
-        if box.switches_user:
-            return f"command jobs: run as the unprivileged user {box.user} (uid {box.uid})"
-        return (
-            f"command jobs: WARNING: run as this worker's own user {box.user}, with its rights "
-            "(CLOCKQ_ALLOW_SAME_USER_COMMANDS)"
-        )
