@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # GPU hosts: make run REQUIREMENTS=requirements-gpu.txt (CUDA build of TensorFlow).
 REQUIREMENTS ?= requirements.txt
 
-.PHONY: run demo test test-all browser lint format bench clean
+.PHONY: run demo test test-all browser sandbox lint format bench clean
 
 $(STAMP): $(REQUIREMENTS) requirements-base.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,37 +16,44 @@ $(STAMP): $(REQUIREMENTS) requirements-base.txt requirements-dev.txt
 
 venv: $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP) sandbox
 	$(PY) manage.py runstack
 
-demo: $(STAMP)
+demo: $(STAMP) sandbox
 	$(PY) manage.py runstack --demo
 
-# The browser tests (tests/webapp/test_browser.py) drive Debian's Chromium; Playwright never
-# downloads a browser here. Installed only when missing; without root or sudo, a note, and those
-# tests skip, saying why.
-CHROMIUM := /usr/bin/chromium
-APT_CHROMIUM := env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
-
-browser:
-	@if [ -x $(CHROMIUM) ]; then :; \
+# Debian packages that parts of clockq need, installed only when missing: with neither root nor
+# sudo, a note says what is missing and what does without it.
+# $(call apt_need,BINARY,PACKAGE,WHAT IS MISSED WITHOUT IT)
+define apt_need
+	@if [ -x $(1) ]; then :; \
 	elif ! command -v apt-get >/dev/null 2>&1; then \
-		echo "NOTE: $(CHROMIUM) is missing and there is no apt-get: the browser tests will be skipped."; \
+		echo "NOTE: $(1) is missing and there is no apt-get: $(3)."; \
 	elif [ "$$(id -u)" = 0 ]; then SUDO=; \
 	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
-	else echo "NOTE: $(CHROMIUM) is missing and installing it needs root (apt-get install chromium):" \
-		"the browser tests will be skipped."; fi; \
-	if [ ! -x $(CHROMIUM) ] && [ -n "$${SUDO+set}" ]; then \
-		echo "Installing Chromium (Debian package) for the browser tests"; \
-		{ $$SUDO apt-cache show chromium >/dev/null 2>&1 && $$SUDO $(APT_CHROMIUM); } \
-			|| { $$SUDO apt-get update -q && $$SUDO $(APT_CHROMIUM); } \
-			|| echo "NOTE: installing chromium failed: the browser tests will be skipped."; \
+	else echo "NOTE: $(1) is missing and installing it needs root (apt-get install $(2)): $(3)."; fi; \
+	if [ ! -x $(1) ] && [ -n "$${SUDO+set}" ]; then \
+		echo "Installing $(2) (Debian package)"; \
+		APT="env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(2)"; \
+		{ $$SUDO apt-cache show $(2) >/dev/null 2>&1 && $$SUDO $$APT; } \
+			|| { $$SUDO apt-get update -q && $$SUDO $$APT; } \
+			|| echo "NOTE: installing $(2) failed: $(3)."; \
 	fi
+endef
 
-test: $(STAMP) browser
+# The browser tests (tests/webapp/test_browser.py) drive Debian's Chromium; Playwright never
+# downloads a browser here.
+browser:
+	$(call apt_need,/usr/bin/chromium,chromium,the browser tests will be skipped)
+
+# Command jobs run in a bubblewrap sandbox (workers/sandbox.py); without it they are refused.
+sandbox:
+	$(call apt_need,/usr/bin/bwrap,bubblewrap,command jobs will be refused and their tests skipped)
+
+test: $(STAMP) browser sandbox
 	$(PY) -m pytest -m "not slow"
 
-test-all: $(STAMP) browser
+test-all: $(STAMP) browser sandbox
 	$(PY) -m pytest
 
 # The layer contracts (pyproject.toml, [tool.importlinter]), ruff, and mypy on the core and workers.

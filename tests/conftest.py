@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.cache import cache
 
-from tests.harness import GpuWorkers, RedisServer
+from tests.harness import GpuWorkers, RedisServer, can_sandbox
 from tests.helpers import database_url
 
 
@@ -92,6 +92,9 @@ def _clean_slate(request, redis_server, crossable_dir, settings):
     # Test programs are copied into crossable_dir, under /tmp, which a sandboxed program does
     # not see: show it (read-only; the checkpoint store in it stays hidden).
     settings.CLOCKQ_COMMAND_READ_PATHS = [str(crossable_dir)]
+    # Where bubblewrap cannot run (not installed, no user namespaces), the protocol's tests run
+    # programs unsandboxed; the sandbox's own tests skip, saying why.
+    settings.CLOCKQ_COMMAND_SANDBOX = "bwrap" if can_sandbox() else "none"
     marker = request.node.get_closest_marker("django_db")
     if marker or {"db", "transactional_db"} & set(request.fixturenames):
         # Transactional tests flush every table, the seeded tiers included.
@@ -141,6 +144,7 @@ def start_workers(transactional_db, redis_server, settings, tmp_path):
                 "CLOCKQ_CHECKPOINT_DIR": str(settings.CLOCKQ_CHECKPOINT_DIR),
                 "CLOCKQ_ALLOW_SAME_USER_COMMANDS": "1" if settings.CLOCKQ_ALLOW_SAME_USER_COMMANDS else "0",
                 "CLOCKQ_COMMAND_READ_PATHS": ",".join(settings.CLOCKQ_COMMAND_READ_PATHS),
+                "CLOCKQ_COMMAND_SANDBOX": settings.CLOCKQ_COMMAND_SANDBOX,
                 "CLOCKQ_LOG_LEVEL": "INFO",
                 **env,
             },

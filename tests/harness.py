@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import redis
 
 from clockq.bus.redis_server import redis_server_argv
@@ -179,6 +180,31 @@ def is_alive(pid: int) -> bool:
     """Whether `pid` is a live process; a zombie left for its parent to reap counts as dead."""
     fields = process_stat(pid)
     return fields is not None and fields[0] not in ZOMBIE
+
+
+def sandbox_problem() -> str:
+    """Why this machine cannot sandbox jobs' programs with bubblewrap; '' when it can."""
+    from django.conf import settings
+
+    from workers import sandbox
+
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap is not installed (make test installs it where it may: apt-get install bubblewrap)"
+    uid = settings.CLOCKQ_COMMAND_UID_BASE if os.geteuid() == 0 else None
+    problem = sandbox.bwrap_problem(bwrap, uid)
+    return f"this machine cannot make the sandbox's namespaces: {problem}" if problem else ""
+
+
+def can_sandbox() -> bool:
+    return not sandbox_problem()
+
+
+def needs_sandbox():
+    """Skip a test of the sandbox itself where this machine cannot make one, or where, not being
+    root, it cannot give programs a uid of their own."""
+    problem = "a program gets a uid of its own only under a root worker" if os.geteuid() != 0 else sandbox_problem()
+    return pytest.mark.skipif(bool(problem), reason=problem or "-")
 
 
 def processes_of(uid: int) -> list[int]:

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import connection
 
 from clockq.jobs import workloads
-from tests.harness import program_python
+from tests.harness import needs_sandbox, program_python
 from workers import sandbox
 from workers.checkpoints import CheckpointStore, checkpoint_name
 from workers.runtime import Runtime, WorkerIdentity
@@ -76,7 +76,7 @@ def run_program(argv: list[str], job_id: int = 7) -> CommandWorkload:
     return workload
 
 
-@as_root
+@needs_sandbox()
 @pytest.mark.django_db
 def test_the_program_runs_as_a_uid_of_its_own_and_cannot_reach_clockqs_secrets_or_other_jobs(alice):
     store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)

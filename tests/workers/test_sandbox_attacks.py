@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from clockq.bus.client import client
 from clockq.jobs import services, workloads
 from clockq.jobs.models import Job
-from tests.harness import processes_of, program_python, wait_for
+from tests.harness import is_alive, needs_sandbox, processes_of, program_python, wait_for
 from tests.helpers import submit, wait_finished
 from workers import sandbox
 from workers.checkpoints import CheckpointStore
@@ -26,18 +27,7 @@ from workers.workloads import command
 from workers.workloads.base import RunContext
 from workers.workloads.command import CommandWorkload
 
-
-def _namespaces_problem() -> str:
-    if os.geteuid() != 0:
-        return "a program gets a uid of its own only under a root worker"
-    bwrap = sandbox.shutil.which("bwrap")
-    if bwrap is None:
-        return "bubblewrap is not installed (make test installs it as root)"
-    problem = sandbox.bwrap_problem(bwrap, settings.CLOCKQ_COMMAND_UID_BASE)
-    return f"this machine cannot make namespaces: {problem}" if problem else ""
-
-
-pytestmark = pytest.mark.skipif(bool(_namespaces_problem()), reason=_namespaces_problem() or "-")
+pytestmark = needs_sandbox()
 
 PY = program_python()
 # A program that checkpoints on SIGUSR1 (the protocol), runs until told, and does `attack`
@@ -194,86 +184,75 @@ open("report.json", "w").write(json.dumps(report))
 
 # --- with real worker processes -----------------------------------------------------------
 
+# A program whose grandchild, in a session of its own, keeps looking for other jobs' files.
 LINGERER = r"""
-import os, signal, subprocess, sys, time
+import signal, subprocess, sys, time
 signal.signal(signal.SIGUSR1, lambda *_: (open("checkpoint", "w").write("x"), sys.exit(75)))
-# A grandchild in a session of its own, which keeps trying to read another job's file.
-subprocess.Popen(["setsid", sys.executable, "-c", '''
-import sys, time
-while True:
-    try:
-        data = open(sys.argv[1]).read()
-        open("stolen", "a").write(data)
-    except OSError:
-        pass
-    time.sleep(0.01)
-''', sys.argv[1]], start_new_session=True)
+SEARCH = "import glob, sys, time\nwhile True:\n    for path in glob.glob(sys.argv[1] + '/*/work/private.txt'):\n" \
+    "        try:\n            open('stolen', 'a').write(open(path).read())\n        except OSError:\n" \
+    "            pass\n    time.sleep(0.01)\n"
+subprocess.Popen(["setsid", sys.executable, "-c", SEARCH, sys.argv[1]], start_new_session=True)
 open("started", "w").write("1")
-for _ in range({loops}):
+for _ in range(int(sys.argv[2])):
     time.sleep(0.01)
 """
 
 
-def lingerer(target: Path, loops: int) -> list[str]:
-    return [PY, "-c", LINGERER.replace("{loops}", str(loops)), str(target)]
+def lingerer(loops: int) -> list[str]:
+    return [PY, "-c", LINGERER, str(settings.CLOCKQ_CHECKPOINT_DIR), str(loops)]
 
 
-def uid_of(job: Job) -> int:
-    return sandbox.sandbox_for_commands().uid_for(job.pk)
+def running_program(job: Job) -> tuple[Path, set[int]]:
+    """The job's work folder and its processes, once its program and grandchild are up."""
+    work = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).work_dir(job.pk)
+    uid = sandbox.sandbox_for_commands().uid_for(job.pk)
+    # bwrap's two processes, the program and its grandchild
+    wait_for(lambda: (work / "started").exists() and len(processes_of(uid)) >= 4, 60, what="the program to be up")
+    return work, set(processes_of(uid))
+
+
+def wait_gone(pids: set[int]) -> None:
+    wait_for(lambda: not any(is_alive(pid) for pid in pids), 30, what=f"processes {sorted(pids)} to be gone")
 
 
 @pytest.mark.integration
 def test_a_leftover_of_a_finished_job_cannot_read_a_later_jobs_folder(start_workers, operator):
     start_workers(gpus=1)
-    store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
-    first = submit(operator, "SP", "lingers", workload="command", argv=["true"])  # its id tells the next one's
-    later_id = first.pk + 2
-    first.delete()
-    attacker = submit(
-        operator, "SP", "lingers", workload="command", argv=lingerer(store.work_dir(later_id) / "private.txt", 20)
-    )
+    attacker = submit(operator, "SP", "lingers", workload="command", argv=lingerer(50))
+    work, pids = running_program(attacker)
     (attacker,) = wait_finished(attacker, timeout=60)
     assert attacker.state == "succeeded", attacker.last_error
-    assert processes_of(uid_of(attacker)) == []  # its grandchild died with it
+    wait_gone(pids)  # its grandchild died with it
 
     victim = submit(
-        operator, "SP", "victim", workload="command", argv=[PY, "-c", "open('private.txt', 'w').write('bob only')"]
+        operator, "SP", "victim", workload="command", argv=[PY, "-c", "open('private.txt', 'w').write('bob')"]
     )
-    assert victim.pk == later_id
     (victim,) = wait_finished(victim, timeout=60)
 
     assert victim.state == "succeeded", victim.last_error
-    assert (store.work_dir(victim.pk) / "private.txt").read_text() == "bob only"
-    assert not (store.work_dir(attacker.pk) / "stolen").exists()
+    assert (CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).work_dir(victim.pk) / "private.txt").read_text() == "bob"
+    assert not (work / "stolen").exists()
 
 
 @pytest.mark.integration
-def test_a_cancelled_job_leaves_no_process(start_workers, operator, crossable_dir):
+def test_a_cancelled_job_leaves_no_process(start_workers, operator):
     start_workers(gpus=1)
-    job = submit(operator, "SP", "cancel me", workload="command", argv=lingerer(crossable_dir / "none", 100_000))
-    work = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).work_dir(job.pk)
-    uid = uid_of(job)
-    wait_for(
-        lambda: (work / "started").exists() and len(processes_of(uid)) >= 4, 60, what="the program and its grandchild"
-    )
+    job = submit(operator, "SP", "cancel me", workload="command", argv=lingerer(100_000))
+    _, pids = running_program(job)
 
     services.cancel_job(Job.objects.get(pk=job.pk), actor="test")
 
-    wait_for(lambda: processes_of(uid) == [], 30, what="every process of the job to be gone")
+    wait_gone(pids)
     assert Job.objects.get(pk=job.pk).state == "cancelled"
 
 
 @pytest.mark.integration
-def test_a_worker_killed_with_kill_9_leaves_no_process_of_its_job(start_workers, operator, crossable_dir):
-    workers = start_workers(gpus=1)
-    job = submit(operator, "SP", "orphan", workload="command", argv=lingerer(crossable_dir / "none", 100_000))
-    work = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).work_dir(job.pk)
-    uid = uid_of(job)
-    wait_for(
-        lambda: (work / "started").exists() and len(processes_of(uid)) >= 4, 60, what="the program and its grandchild"
-    )
+def test_a_worker_killed_with_kill_9_leaves_no_process_of_its_job(start_workers, operator):
+    start_workers(gpus=1)
+    job = submit(operator, "SP", "orphan", workload="command", argv=lingerer(100_000))
+    _, pids = running_program(job)
+    worker = json.loads(client().get(f"clockq:worker:{Job.objects.get(pk=job.pk).worker}"))["pid"]
 
-    for pid in workers.worker_pids():
-        os.kill(pid, signal.SIGKILL)
+    os.kill(worker, signal.SIGKILL)
 
-    wait_for(lambda: processes_of(uid) == [], 30, what="every process of the job to be gone")
+    wait_gone(pids)

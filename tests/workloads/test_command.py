@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from clockq.jobs import workloads
-from tests.harness import is_alive as alive
-from tests.harness import processes_of, program_python, shared_copy, wait_for
+from tests.harness import needs_sandbox, processes_of, program_python, shared_copy, wait_for
 from workers.checkpoints import CheckpointStore
 from workers.workloads import command
 from workers.workloads.base import RunContext, StartAbandoned
@@ -19,7 +18,6 @@ from workers.workloads.command import CommandWorkload, catches_signal
 
 FIXTURE = Path(__file__).parent / "fixtures" / "count_script.py"
 PY = program_python()
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a program gets a uid of its own only under a root worker")
 
 
 @pytest.fixture
@@ -161,7 +159,7 @@ def test_signal_before_the_handler_is_in_place_keeps_the_old_state(work, monkeyp
     w.close()
 
 
-@as_root
+@needs_sandbox()
 def test_close_kills_every_process_the_program_started(work, monkeypatch):
     monkeypatch.setattr(command, "HANDLER_WAIT_S", 0.05)  # sleep installs no handler
     # A child in the program's group, and a grandchild in a session of its own.
