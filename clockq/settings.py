@@ -29,7 +29,7 @@ from clockq.policy.tiers import QUEUES_IN_ORDER
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Every file a clockq process makes (the SQLite database, secrets, checkpoints, logs) is its own:
-# other users, the sandboxed command user among them, cannot read it.
+# other users, the uids that run jobs' programs among them, cannot read it.
 os.umask(0o077)
 VAR_DIR = Path(env_str("CLOCKQ_VAR_DIR") or BASE_DIR / "var")
 

@@ -52,7 +52,7 @@ def _point_at_private_redis(redis_server):
 @pytest.fixture
 def crossable_dir():
     """A temporary folder that other users can cross but not list (0711), like var/ under
-    `make run`: the sandboxed command user must reach its work folder inside it. pytest's own
+    `make run`: a sandboxed program's uid must reach its work folder inside it. pytest's own
     tmp_path lives under a 0700 folder."""
     path = Path(tempfile.mkdtemp(prefix="clockq-test-"))
     path.chmod(0o711)

@@ -19,7 +19,7 @@ from workers.slice_runner import RunOutcome, run_dispatch
 from workers.workloads.base import JobRefused, RunContext
 from workers.workloads.command import CommandWorkload
 
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching to the command user needs root")
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a program gets a uid of its own only under a root worker")
 
 PROBE = r"""
 import json, os, sys
@@ -185,3 +185,26 @@ def test_a_work_folder_outside_the_checkpoint_store_is_refused_and_left_alone(tm
     with pytest.raises(JobRefused, match="not a job's work folder"):
         sandbox.prepare_work_dir(elsewhere, settings.CLOCKQ_CHECKPOINT_DIR, sandbox.sandbox_for_commands().uid_for(7))
     assert (tmp_path.stat().st_mode, (tmp_path / "job").stat().st_mode) == before
+
+
+@needs_sandbox()
+def test_processes_are_limited(settings):
+    settings.CLOCKQ_COMMAND_MAX_PROCESSES = 16
+    code = (
+        "import subprocess\nstarted = []\ntry:\n    for _ in range(64): started.append(subprocess.Popen(['sleep', '30']))\n"
+        "except OSError:\n    pass\nopen('started', 'w').write(str(len(started)))"
+    )
+    workload = run_program([program_python(), "-c", code])
+    assert 0 < int((workload.work_dir / "started").read_text()) < 16
+
+
+@needs_sandbox()
+@pytest.mark.parametrize(("network", "reached"), [("host", "yes"), ("none", "no")])
+def test_the_network_setting_gives_the_hosts_network_or_none(settings, redis_server, network, reached):
+    settings.CLOCKQ_COMMAND_NETWORK = network
+    code = (
+        "import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5).close()\n"
+        "    reached = 'yes'\nexcept OSError:\n    reached = 'no'\nopen('reached', 'w').write(reached)"
+    )
+    workload = run_program([program_python(), "-c", code, str(redis_server.port)])
+    assert (workload.work_dir / "reached").read_text() == reached

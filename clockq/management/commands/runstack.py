@@ -40,8 +40,8 @@ def port_is_free(port: int) -> bool:
 
 def protect_var_dir(var_dir: Path) -> None:
     """Everything clockq writes under var/ (the database, secrets, the broker's files) is 0600,
-    and var/ itself can be crossed but not listed by other users (the sandboxed command user
-    needs to reach its own job folder in it). New files get 0600 from the umask, which every
+    and var/ itself can be crossed but not listed by other users (a sandbox, set up as its
+    program's uid, needs to reach its job's work folder in it). New files get 0600 from the umask, which every
     child process inherits; files made before this get it here."""
     os.umask(0o077)
     var_dir.mkdir(parents=True, exist_ok=True)
