@@ -36,7 +36,7 @@ class JobFolder:
         flags = os.O_RDONLY | os.O_DIRECTORY | _OPEN
         self.path = path
         self.owner = owner
-        self.fd = os.open(path.name if parent else path, flags, dir_fd=parent.fd if parent else None)
+        self.fd: int = os.open(path.name if parent else path, flags, dir_fd=parent.fd if parent else None)
 
     def close(self) -> None:
         if self.fd >= 0:

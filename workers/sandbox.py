@@ -296,8 +296,9 @@ def bwrap_problem(bwrap: str, uid: int | None) -> str:
     once a process: the kernel's answer does not change while a worker runs."""
     argv = [bwrap, "--ro-bind", "/", "/", "--unshare-user", "--unshare-pid", "--die-with-parent", "--", "true"]
     try:
-        kwargs = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
-        done = subprocess.run(argv, capture_output=True, timeout=30, **kwargs)
+        done = subprocess.run(
+            argv, capture_output=True, timeout=30, user=uid, group=uid, extra_groups=None if uid is None else []
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     return "" if done.returncode == 0 else (done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}")

@@ -191,7 +191,8 @@ def test_a_work_folder_outside_the_checkpoint_store_is_refused_and_left_alone(tm
 def test_processes_are_limited(settings):
     settings.CLOCKQ_COMMAND_MAX_PROCESSES = 16
     code = (
-        "import subprocess\nstarted = []\ntry:\n    for _ in range(64): started.append(subprocess.Popen(['sleep', '30']))\n"
+        "import subprocess\nstarted = []\ntry:\n"
+        "    for _ in range(64): started.append(subprocess.Popen(['sleep', '30']))\n"
         "except OSError:\n    pass\nopen('started', 'w').write(str(len(started)))"
     )
     workload = run_program([program_python(), "-c", code])
