@@ -152,7 +152,8 @@ class Sandbox:
 
 class UidLease:
     """A uid held for one running program: an flock on a root-only file, which the kernel
-    releases if the worker dies (and with it, through the PID namespace, the program)."""
+    releases if the worker dies (and with it, through the PID namespace, the program). The file
+    is removed at release, so that /run does not fill with one file a job."""
 
     def __init__(self, uid: int, fd: int):
         self.uid = uid
@@ -161,16 +162,25 @@ class UidLease:
     @classmethod
     def try_take(cls, uid: int) -> UidLease | None:
         UID_LOCK_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(UID_LOCK_DIR / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        return cls(uid, fd)
+        path = UID_LOCK_DIR / str(uid)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            try:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    return cls(uid, fd)
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # its holder removed it as we locked it: lock the file there now
 
     def release(self) -> None:
         if self._fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(UID_LOCK_DIR / str(self.uid))  # still locked: nobody holds it meanwhile
             os.close(self._fd)
             self._fd = None
 

@@ -209,3 +209,38 @@ def test_the_network_setting_gives_the_hosts_network_or_none(settings, redis_ser
     )
     workload = run_program([program_python(), "-c", code, str(redis_server.port)])
     assert (workload.work_dir / "reached").read_text() == reached
+
+
+@as_root
+def test_a_uid_is_held_by_one_running_program_at_a_time_and_its_lock_file_goes_with_it(settings):
+    settings.CLOCKQ_COMMAND_UID_BASE, settings.CLOCKQ_COMMAND_UID_COUNT = 2_000_000, 10
+    box = sandbox.sandbox_for_commands()
+    first = box.lease_uid(3)
+    second = box.lease_uid(13)  # maps to the same uid as job 3, which holds it: the next one
+    assert (first.uid, second.uid) == (2_000_003, 2_000_004)
+    first.release()
+    again = box.lease_uid(13)
+    assert again.uid == 2_000_003
+    for lease in (second, again):
+        lease.release()
+    assert not (sandbox.UID_LOCK_DIR / "2000003").exists() and not (sandbox.UID_LOCK_DIR / "2000004").exists()
+
+
+@needs_sandbox()
+@pytest.mark.django_db
+def test_a_job_whose_uid_is_taken_runs_as_another_and_its_folder_is_given_to_that_one(settings):
+    settings.CLOCKQ_COMMAND_UID_BASE, settings.CLOCKQ_COMMAND_UID_COUNT = 2_000_000, 10
+    held = sandbox.sandbox_for_commands().lease_uid(3)  # job 3's program runs now
+    try:
+        store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
+        (store.work_dir(13) / "earlier").mkdir()  # left by job 13's earlier runs, as its usual uid
+        os.chown(store.work_dir(13) / "earlier", 2_000_003, 2_000_003)
+
+        workload = run_program(
+            [program_python(), "-c", "import os; open('uid', 'w').write(str(os.getuid()))"], job_id=13
+        )
+
+        assert (workload.work_dir / "uid").read_text() == "2000004"
+        assert {p.stat().st_uid for p in [workload.work_dir, *workload.work_dir.iterdir()]} == {2_000_004}
+    finally:
+        held.release()
