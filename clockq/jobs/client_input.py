@@ -43,11 +43,16 @@ class _DuplicatedKeys(dict):
 def object_from_pairs(pairs: list[tuple[Any, Any]]) -> dict:
     """A dict of (key, value) pairs that remembers a key given twice (json's object_pairs_hook)."""
     obj = dict(pairs)
-    if len(obj) < len(pairs):
-        seen: set = set()
-        obj = _DuplicatedKeys(obj)
-        obj.key = next(key for key, _ in pairs if key in seen or seen.add(key))
-    return obj
+    if len(obj) == len(pairs):
+        return obj
+    duplicated = _DuplicatedKeys(obj)
+    seen: set = set()
+    for key, _value in pairs:
+        if key in seen:
+            duplicated.key = key
+            break
+        seen.add(key)
+    return duplicated
 
 
 def loads(raw: bytes | str, *, field: str | None = None) -> Any:
@@ -112,8 +117,8 @@ def _too_deep_field(text: str) -> str | None:
     """The top-level field of a JSON body whose value nests deeper than MAX_DEPTH, for the error
     only (json.loads gave up with the stack and says nothing of where)."""
     depth, last, field = 0, None, None
-    for token in _TOKENS.finditer(text):
-        token = token.group()
+    for match in _TOKENS.finditer(text):
+        token = match.group()
         if token in ("[", "{"):
             depth += 1
             if depth > MAX_DEPTH:
