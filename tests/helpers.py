@@ -23,6 +23,13 @@ def token_auth(user, days: int | None = None) -> dict:
     return {"HTTP_AUTHORIZATION": f"Token {token}"}
 
 
+def post_form(client, path: str, data: dict, **extra):
+    """Post `data` url-encoded, as a browser posts a form (the test client's default is multipart)."""
+    from urllib.parse import urlencode
+
+    return client.post(path, urlencode(data), content_type="application/x-www-form-urlencoded", **extra)
+
+
 def submit(owner, tier: str = "SP", name: str = "job", workload: str = "synthetic", **params) -> Job:
     cleaned = workloads.validate(workload, params, may_run_commands=owner.has_perm("jobs.run_command"))
     return services.submit_job(owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned)

@@ -74,6 +74,7 @@ def test_make_run_starts_a_predictor_worker_beside_the_control_worker(tmp_path, 
     assert predictor[predictor.index("--queues") + 1] == "predictor"
     control = started["control"]
     assert control[control.index("--queues") + 1] == "control"
+    assert started["flower"][1:3] == ["-m", "clockq.flower"]  # Flower with failed logins locked out
 
 
 @pytest.mark.parametrize("bind", ["127.0.0.1:8000", "0.0.0.0:80", "[::1]:8000", "", "host name", "a/b"])

@@ -7,11 +7,14 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TypeVar
+from urllib.parse import parse_qsl
 
 from django import forms
+from django.conf import settings
+from django.forms.fields import InvalidJSONInput, JSONString
 from django.utils import timezone
 
-from clockq.jobs import quotas, workloads
+from clockq.jobs import client_input, quotas, workloads
 from clockq.policy.tiers import TIER_CODES
 
 MAX_PARAMS_BYTES = 16 * 1024
@@ -29,11 +32,65 @@ def storable_deadline(deadline: datetime | None) -> datetime | None:
         raise forms.ValidationError("The deadline is out of range; the latest is 9999-12-31 in UTC.") from None
 
 
+FORM_ENCODED = "application/x-www-form-urlencoded"
+
+
+def posted_fields(request) -> dict[str, str]:
+    """A form post's fields, read from its raw body as the API reads a JSON body, and checked by
+    the same code (client_input.check): every field given once, all text UTF-8 and storable.
+
+    Django's own reading would hide what the API refuses: it decodes invalid UTF-8 as U+FFFD and
+    keeps the last of two fields of one name. Only url-encoded posts are read (what the form
+    sends): a multipart one is decoded by Django alone, its invalid UTF-8 lost."""
+    if request.content_type != FORM_ENCODED:
+        raise client_input.InputRefused(None, f"must be posted as {FORM_ENCODED}, as the form does")
+    # Invalid bytes, raw or %-escaped, become lone surrogates, which the check refuses.
+    text = request.body.decode("utf-8", "surrogateescape")
+    try:
+        pairs = parse_qsl(
+            text,
+            keep_blank_values=True,
+            encoding="utf-8",
+            errors="surrogateescape",
+            max_num_fields=settings.DATA_UPLOAD_MAX_NUMBER_FIELDS,
+        )
+    except ValueError:
+        raise client_input.InputRefused(None, "has too many fields") from None
+    fields = client_input.object_from_pairs(pairs)
+    client_input.check(fields)
+    return fields
+
+
+class SubmittedJSONField(forms.JSONField):
+    """A JSON field whose text is read by client_input.loads, as an API body is: bounded in
+    depth, no key twice, storable text. Re-rendered, it shows the text as it was typed, which
+    cannot fail: Django's own field parses it again (a RecursionError when it nests deeply) and
+    writes it out unescaped (a UnicodeEncodeError for a lone surrogate)."""
+
+    def __init__(self, *, name: str, **kwargs):
+        super().__init__(**kwargs)
+        self.name = name
+
+    def to_python(self, value):
+        if not isinstance(value, str) or value in self.empty_values:
+            return super().to_python(value)
+        try:
+            converted = client_input.loads(value, field=self.name)
+        except client_input.InputRefused as exc:
+            raise forms.ValidationError(str(exc), code="invalid") from None
+        return JSONString(converted) if isinstance(converted, str) else converted
+
+    def bound_data(self, data, initial):
+        if isinstance(data, str) and not self.disabled:
+            return InvalidJSONInput(data)  # Django's marker for text shown as it is
+        return super().bound_data(data, initial)
+
+
 class JobSubmitForm(forms.Form):
     name = forms.CharField(max_length=200, strip=True)
     tier = forms.ChoiceField(choices=[(c, c) for c in TIER_CODES], initial="SP")
     workload = forms.ChoiceField(choices=())
-    params = forms.JSONField(required=False, initial=dict, widget=forms.Textarea(attrs={"rows": 4}))
+    params = SubmittedJSONField(name="params", required=False, initial=dict, widget=forms.Textarea(attrs={"rows": 4}))
     deadline = forms.DateTimeField(required=False, help_text="Optional; ISO 8601, e.g. 2030-01-31T18:00:00Z")
     gpu_mem_mib = forms.IntegerField(
         required=False,

@@ -9,11 +9,11 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from clockq.jobs import control, services
+from clockq.jobs import client_input, control, services
 from clockq.jobs import metrics as job_metrics
 from clockq.policy.control import ALWAYS_ADMITTED
 from webapp.access import visible_jobs
-from webapp.forms import JobSubmitForm
+from webapp.forms import JobSubmitForm, posted_fields
 from webapp.results_api import result_file_response
 from webapp.serializers import admission_note
 
@@ -37,8 +37,13 @@ def main_metric(values: dict[str, float]) -> tuple[str, float] | None:
 
 @login_required
 def job_new(request):
-    form = JobSubmitForm(request.POST or None, user=request.user)
-    if request.method == "POST" and form.is_valid():
+    form, refused = JobSubmitForm(user=request.user), None
+    if request.method == "POST":
+        try:
+            form = JobSubmitForm(posted_fields(request), user=request.user)
+        except client_input.InputRefused as exc:
+            refused = str(exc)  # shown above an empty form: the post itself is not echoed back
+    if form.is_valid():
         job = services.submit_job(owner=request.user, **form.submission())
         if job.held_for_admission:
             note = admission_note(control.admission())
@@ -48,12 +53,13 @@ def job_new(request):
         return redirect("job-detail", job_id=job.pk)
     gate = control.admission()
     closed = None if gate.admission_open else control.closed_note(gate)
-    return render(
-        request,
-        "webapp/job_new.html",
-        {"form": form, "admission_closed": closed, "always_admitted": ", ".join(sorted(ALWAYS_ADMITTED))},
-        status=400 if form.errors else 200,
-    )
+    context = {
+        "form": form,
+        "refused": refused,
+        "admission_closed": closed,
+        "always_admitted": ", ".join(sorted(ALWAYS_ADMITTED)),
+    }
+    return render(request, "webapp/job_new.html", context, status=400 if refused or form.errors else 200)
 
 
 @login_required

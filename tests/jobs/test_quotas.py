@@ -10,7 +10,7 @@ import pytest
 from clockq.bus.dispatch import send_run_slice
 from clockq.jobs.models import Job, UserQuota
 from clockq.jobs.quotas import QuotaExceeded
-from tests.helpers import submit, token_auth
+from tests.helpers import post_form, submit, token_auth
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 
@@ -68,7 +68,9 @@ def test_the_web_form_shows_the_quota_message(client, alice, settings):
     settings.CLOCKQ_QUOTA_ACTIVE_JOBS = 1
     submit(alice, "BK", "first", steps=1)
     client.force_login(alice)
-    page = client.post("/jobs/new", {"name": "second", "tier": "BK", "workload": "synthetic", "params": '{"steps": 1}'})
+    page = post_form(
+        client, "/jobs/new", {"name": "second", "tier": "BK", "workload": "synthetic", "params": '{"steps": 1}'}
+    )
     assert page.status_code == 400 and "the most allowed (1)" in page.content.decode()
 
 

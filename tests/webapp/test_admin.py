@@ -88,6 +88,21 @@ def test_the_admin_add_form_has_the_submit_forms_limits(admin_client, alice):
     assert Job.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested deeper than 32"),
+        ('{"\\ud800": 1}', "has a key that holds text that cannot be stored"),
+        ('{"steps": 1, "steps": 2}', "holds the key &#x27;steps&#x27; more than once"),
+    ],
+)
+def test_the_admin_add_form_reads_params_as_the_api_does(admin_client, alice, params, error):
+    data = {"owner": alice.pk, "name": "bad", "tier": "SP", "workload": "synthetic", "params": params}
+    response = admin_client.post("/admin/jobs/job/add/", data)
+    assert response.status_code == 200 and error in response.content.decode()
+    assert Job.objects.count() == 0
+
+
 def test_staff_may_add_a_command_job_in_the_admin(admin_client, alice):
     data = {"owner": alice.pk, "name": "script", "tier": "SP", "workload": "command", "params": '{"argv": ["true"]}'}
     assert admin_client.post("/admin/jobs/job/add/", data).status_code == 302

@@ -9,7 +9,7 @@ import pytest
 
 from clockq.jobs import control
 from clockq.jobs.models import ControlDecision, ControlState, Job
-from tests.helpers import token_auth
+from tests.helpers import post_form, token_auth
 
 pytestmark = pytest.mark.django_db
 
@@ -74,10 +74,12 @@ def test_the_form_and_job_page_say_why_the_job_is_held(client, alice, closed):
     form = client.get("/jobs/new").content.decode()
     assert "Admission closed by oscar." in form and "RT jobs are always admitted" in form
 
-    response = client.post(
-        "/jobs/new", {"name": "nightly", "tier": "BP", "workload": "matmul", "params": '{"size": 64, "steps": 10}'},
+    response = post_form(
+        client,
+        "/jobs/new",
+        {"name": "nightly", "tier": "BP", "workload": "matmul", "params": '{"size": 64, "steps": 10}'},
         follow=True,
-    )  # fmt: skip
+    )
     page = response.content.decode()
     job = Job.objects.get()
     assert job.state == "held"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clockq.jobs.models import Job
-from tests.helpers import submit
+from tests.helpers import post_form, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -18,8 +18,10 @@ def test_pages_need_login(client, path):
 
 def test_the_form_submits_a_job_and_shows_it(client, alice):
     client.force_login(alice)
-    response = client.post(
-        "/jobs/new", {"name": "nightly", "tier": "BP", "workload": "matmul", "params": '{"size": 64, "steps": 10}'}
+    response = post_form(
+        client,
+        "/jobs/new",
+        {"name": "nightly", "tier": "BP", "workload": "matmul", "params": '{"size": 64, "steps": 10}'},
     )
     job = Job.objects.get()
     assert response.status_code == 302 and response["Location"] == f"/jobs/{job.pk}/"
@@ -32,7 +34,7 @@ def test_the_form_submits_a_job_and_shows_it(client, alice):
     ("data", "error"),
     [
         ({"name": "x", "tier": "SP", "workload": "matmul", "params": '{"size": 99999}'}, "size: must be between"),
-        ({"name": "x", "tier": "SP", "workload": "matmul", "params": "{oops"}, "Enter a valid JSON"),
+        ({"name": "x", "tier": "SP", "workload": "matmul", "params": "{oops"}, "is not valid JSON"),
         ({"name": "x", "tier": "ZZ", "workload": "matmul", "params": "{}"}, "Select a valid choice"),
         ({"name": "x", "tier": "SP", "workload": "command", "params": '{"argv": ["ls"]}'}, "permission"),
         ({"name": "", "tier": "SP", "workload": "matmul", "params": "{}"}, "This field is required"),
@@ -40,7 +42,7 @@ def test_the_form_submits_a_job_and_shows_it(client, alice):
 )
 def test_the_form_shows_clear_errors_and_saves_nothing(client, alice, data, error):
     client.force_login(alice)
-    response = client.post("/jobs/new", data)
+    response = post_form(client, "/jobs/new", data)
     assert response.status_code == 400
     assert error in response.content.decode()
     assert Job.objects.count() == 0

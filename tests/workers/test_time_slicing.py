@@ -11,7 +11,7 @@ from django.conf import settings
 
 from clockq.jobs.models import Job, Slice
 from tests.harness import wait_for
-from tests.helpers import assert_no_overlap, claims, submit, wait_finished
+from tests.helpers import assert_no_overlap, claims, post_form, submit, wait_finished
 from workers.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.integration
@@ -26,7 +26,7 @@ def test_jobs_from_the_form_and_the_api_finish_in_slices_with_verified_checkpoin
     client.force_login(alice)
     params = {"steps": 40, "step_ms": 10, "state_kb": 32}
     form = {"name": "from-form", "tier": "SP", "workload": "synthetic", "params": json.dumps(params)}
-    response = client.post("/jobs/new", form)
+    response = post_form(client, "/jobs/new", form)
     assert response.status_code == 302, response.content[:500]
     auth = "Basic " + base64.b64encode(b"alice:alice-pass-123").decode()
     response = client.generic(

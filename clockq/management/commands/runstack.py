@@ -145,16 +145,8 @@ class Command(BaseCommand):
             ),
             Child(
                 "flower",
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "clockq",
-                    "flower",
-                    f"--address={bind}",
-                    f"--port={settings.FLOWER_PORT}",
-                ],
+                # Flower's own command, with failed logins locked out (clockq/flower.py).
+                [python, "-m", "clockq.flower", f"--address={bind}", f"--port={settings.FLOWER_PORT}"],
                 # Through the environment, so the password never shows in `ps`.
                 env={"FLOWER_BASIC_AUTH": f"{ADMIN_USERNAME}:{password}"},
                 restart=False,

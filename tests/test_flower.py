@@ -1,0 +1,182 @@
+"""The flower role (clockq/flower.py): repeated failed logins are locked out, and no page or API
+shows the broker's password. The integration tests run the real `python -m clockq.flower` and a
+real worker against a private Redis with a password, as `make run`'s embedded broker has."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+
+import pytest
+
+from clockq.celery import without_url_passwords
+from clockq.flower import LoginLockout, basic_credentials
+from tests.harness import ROOT, FlowerServer, RedisServer, die_with_parent, wait_for
+
+ADMIN = ("admin", "admin-pass-123")
+CAROL = ("carol", "carol-pass-123")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# --- the lockout, with time travel ----------------------------------------------------------
+
+KEY = ("carol", "10.0.0.7")
+
+
+def test_five_failures_in_a_row_lock_the_key_for_the_window_then_it_may_log_in_again():
+    clock = Clock()
+    lockout = LoginLockout(limit=5, window_s=900, clock=clock)
+    for _ in range(4):
+        lockout.failed(KEY)
+    assert lockout.locked_for_s(KEY) == 0
+    lockout.failed(KEY)
+    assert lockout.locked_for_s(KEY) == 900
+    clock.now += 899
+    assert lockout.locked_for_s(KEY) == 1
+    clock.now += 1
+    assert lockout.locked_for_s(KEY) == 0
+    lockout.failed(KEY)  # counting starts again from none
+    assert lockout.locked_for_s(KEY) == 0
+
+
+def test_a_success_resets_the_count_and_old_failures_are_forgotten():
+    clock = Clock()
+    lockout = LoginLockout(limit=3, window_s=60, clock=clock)
+    lockout.failed(KEY), lockout.failed(KEY), lockout.succeeded(KEY), lockout.failed(KEY)
+    assert lockout.locked_for_s(KEY) == 0
+    lockout.failed(KEY)
+    clock.now += 60
+    lockout.failed(KEY)
+    assert lockout.locked_for_s(KEY) == 0
+
+
+def test_the_lock_is_per_username_and_address():
+    lockout = LoginLockout(limit=1, window_s=60, clock=Clock())
+    lockout.failed(KEY)
+    assert lockout.locked_for_s(KEY) > 0
+    assert lockout.locked_for_s(("carol", "10.0.0.8")) == 0 and lockout.locked_for_s(("admin", "10.0.0.7")) == 0
+
+
+def test_a_guesser_cycling_usernames_cannot_grow_the_table_without_bound_nor_unlock_a_locked_key():
+    lockout = LoginLockout(limit=2, window_s=60, clock=Clock())
+    lockout.MAX_KEYS = 100
+    lockout.failed(KEY), lockout.failed(KEY)
+    for i in range(1000):
+        lockout.failed((f"user{i}", "10.0.0.9"))
+    assert len(lockout._failures) <= 100 and lockout.locked_for_s(KEY) > 0
+
+
+@pytest.mark.parametrize(
+    ("header", "credentials"),
+    [
+        ("Basic Y2Fyb2w6cHc=", "carol:pw"),
+        ("Basic  Y2Fyb2w6cHc=", "carol:pw"),
+        ("basic Y2Fyb2w6cHc=", None),  # Flower wants "Basic" as written
+        ("Bearer abc", None),
+        ("Basic !!!", ""),  # b64decode drops what is not base64, as in Flower: an empty login
+        ("Basic", None),
+        ("", None),
+    ],
+)
+def test_basic_credentials_are_read_as_flower_reads_them(header, credentials):
+    assert basic_credentials(header) == credentials
+
+
+def test_url_passwords_are_masked_however_deep():
+    conf = {
+        "REDIS_URL": "redis://:hunter2@10.0.0.1:6379/0",
+        "CACHES": {"default": {"LOCATION": ["rediss://user:hunter2@cache:6380/1"]}},
+        "LOGIN_URL": "login",
+        "PLAIN": "ssh://git@example.com/repo",
+        "N": 3,
+    }
+    masked = without_url_passwords(conf)
+    assert "hunter2" not in json.dumps(masked)
+    assert masked["REDIS_URL"] == "redis://:********@10.0.0.1:6379/0"
+    assert masked["LOGIN_URL"] == "login" and masked["PLAIN"] == conf["PLAIN"] and masked["N"] == 3
+
+
+# --- a real Flower ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("broker"), password=f"broker-{secrets.token_hex(12)}").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def flower(broker, tmp_path_factory):
+    server = FlowerServer(dict([ADMIN, CAROL]), tmp_path_factory.mktemp("flower") / "flower.log").start(broker.url)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def worker(broker, tmp_path_factory):
+    """One real clockq worker (the control worker: no GPU, solo pool), for its `conf` reply."""
+    from workers.launch import control_worker_argv
+
+    argv = control_worker_argv(host="flowertest")
+    log = open(tmp_path_factory.mktemp("worker") / "worker.log", "wb")  # noqa: SIM115 - closed below
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT), "REDIS_URL": broker.url}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    yield "control@flowertest"
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+
+
+@pytest.mark.integration
+def test_ten_wrong_passwords_lock_the_login_out_and_the_right_one_is_refused_then(flower):
+    # Given carol's login works
+    assert flower.get("/api/workers", CAROL)[0] == 200
+    # When ten wrong passwords are tried for her
+    codes = [flower.get("/api/workers", ("carol", f"guess-{i}"))[0] for i in range(10)]
+    # Then the sixth on is refused without a look at the password, and so is the right one now
+    assert codes == [401] * 5 + [429] * 5
+    status, headers, body = flower.get("/api/workers", CAROL)
+    assert status == 429 and "Too many failed logins" in body and int(headers["Retry-After"]) > 800
+    assert flower.get("/api/task/revoke/00000000-0000-0000-0000-000000000000", CAROL, method="POST")[0] == 429
+    # And another user from the same address still gets in
+    assert flower.get("/api/workers", ADMIN)[0] == 200
+    assert "locked out" in flower.log_path.read_text()
+
+
+@pytest.mark.integration
+def test_no_page_or_api_shows_the_broker_password(flower, worker, broker):
+    # Given a live worker whose configuration Flower has read (its broker URL holds the password)
+    def conf_read():
+        status, _headers, body = flower.get("/api/workers?refresh=1", ADMIN)
+        return status == 200 and json.loads(body).get(worker, {}).get("conf")
+
+    conf = wait_for(conf_read, 60, interval=0.5, what="Flower to read the worker's conf")
+    assert conf["REDIS_URL"].startswith("redis://:********@") and conf["CELERY_BROKER_URL"] == conf["REDIS_URL"]
+    # Then no page or API answer holds the password
+    paths = ["/", "/workers", "/api/workers?refresh=1", f"/worker/{worker}", "/broker", "/tasks", "/api/tasks"]
+    paths += ["/api/task/types", "/api/queues/length", "/metrics", "/healthcheck"]
+    for path in paths:
+        status, _headers, body = flower.get(path, ADMIN)
+        assert status == 200, path
+        assert broker.password not in body, path
+    assert "REDIS_URL" in flower.get(f"/worker/{worker}", ADMIN)[2]  # the page that shows the conf
+    assert broker.password not in flower.log_path.read_text()
+
+
+def test_the_worker_answers_conf_with_clockqs_command():
+    from celery.worker.control import Panel
+
+    from clockq import celery
+
+    assert Panel.data["conf"] is celery._conf_without_passwords
+    assert sys.modules["clockq.celery"] is celery
