@@ -66,7 +66,7 @@ GPU_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
 
 @dataclass(frozen=True)
 class Sandbox:
-    """How this worker runs programs: made once from the settings (sandbox_for_commands)."""
+    """How this worker runs programs, as the settings say (sandbox_for_commands, at each claim)."""
 
     bwrap: str | None  # None: no sandbox (CLOCKQ_COMMAND_SANDBOX=none, unsafe)
     uids: range | None  # None: programs run as the worker's own user
@@ -75,10 +75,6 @@ class Sandbox:
     code: Path  # clockq's code: hidden, but a folder in it may be shown (readable)
     readable: tuple[Path, ...]  # folders shown read-only although they lie in a hidden one
     hidden: tuple[Path, ...]  # clockq's data (var/, checkpoints, cache): never shown
-
-    @property
-    def switches_user(self) -> bool:
-        return self.uids is not None
 
     def uid_for(self, job_id: int) -> int | None:
         """The uid a job's program runs as when no other running program holds it."""

@@ -131,7 +131,7 @@ def test_a_worker_that_cannot_switch_users_refuses_commands_unless_allowed(setti
         sandbox.sandbox_for_commands()
     settings.CLOCKQ_ALLOW_SAME_USER_COMMANDS = True
     same_user = sandbox.sandbox_for_commands()
-    assert not same_user.switches_user and same_user.uid_for(7) is None and "user" not in same_user.popen_kwargs(None)
+    assert same_user.uids is None and same_user.uid_for(7) is None and "user" not in same_user.popen_kwargs(None)
 
 
 @pytest.mark.django_db(transaction=True)
