@@ -1,5 +1,9 @@
 """/healthz: 200 once the system can run jobs (database, broker and a GPU worker), else 503.
 
+Anyone may ask, and gets the status alone: the detail (worker names, the checkpoint folder's
+path, errors) is for staff sessions and for monitoring with the metrics token
+(`Authorization: Bearer <CLOCKQ_METRICS_TOKEN>`), as /metrics is.
+
 The load forecast's freshness is shown too (`forecast`: ok, waiting for the first one, or
 stale when older than 5 minutes; clockq.jobs.forecasts.forecast_health). A stale forecast is
 not a reason for 503: jobs still run, only the control state stops following the load."""
@@ -19,6 +23,7 @@ from clockq.bus.client import client, ping
 from clockq.jobs import forecasts
 from clockq.jobs.models import Job
 from clockq.jobs.quotas import KEPT_GENERATIONS
+from webapp.metrics import bears_metrics_token
 
 
 @require_GET
@@ -44,6 +49,9 @@ def healthz(request):
     healthy = [w for w in gpu_workers if w not in degraded]
     checks["workers"] = {"ok": bool(healthy), "gpu_workers": gpu_workers, "degraded": degraded}
     ok = all(c["ok"] for c in checks.values())
+    status = 200 if ok else 503
+    if not (request.user.is_staff or bears_metrics_token(request)):
+        return JsonResponse({"status": "ok" if ok else "unavailable"}, status=status)
     body = {
         "status": "ok" if ok else "unavailable",
         "checks": checks,
@@ -51,7 +59,7 @@ def healthz(request):
         "checkpoints": _checkpoint_storage(checks),
         "forecast": _forecast(checks),
     }
-    return JsonResponse(body, status=200 if ok else 503)
+    return JsonResponse(body, status=status)
 
 
 def _checkpoint_storage(checks: dict) -> dict:

@@ -261,18 +261,22 @@ def metrics(request):
 
 def _refusal(request) -> HttpResponse | None:
     """None if the caller may read the metrics: the right bearer token, or a staff session."""
-    expected = settings.CLOCKQ_METRICS_TOKEN
-    header = request.headers.get("Authorization", "")
-    if header:
-        scheme, _, given = header.partition(" ")
-        if expected and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected.encode()):
-            return None
-        return _plain(403, "wrong metrics token")
+    if request.headers.get("Authorization", ""):
+        return None if bears_metrics_token(request) else _plain(403, "wrong metrics token")
     if request.user.is_authenticated:
         return None if request.user.is_staff else _plain(403, "metrics are for staff")
     response = _plain(401, "send Authorization: Bearer <CLOCKQ_METRICS_TOKEN>, or log in as staff")
     response["WWW-Authenticate"] = 'Bearer realm="clockq metrics"'
     return response
+
+
+def bears_metrics_token(request) -> bool:
+    """Whether the request carries `Authorization: Bearer <CLOCKQ_METRICS_TOKEN>` (the setting set)."""
+    expected = settings.CLOCKQ_METRICS_TOKEN
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return (
+        bool(expected) and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected.encode())
+    )
 
 
 def _plain(status: int, text: str) -> HttpResponse:

@@ -5,6 +5,33 @@ import pytest
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture
+def client(client, carol):
+    """The detail of /healthz is for staff: carol."""
+    client.force_login(carol)
+    return client
+
+
+@pytest.mark.integration
+def test_anyone_gets_the_status_alone_and_staff_or_monitoring_get_the_detail(start_workers, carol, settings):
+    from django.test import Client
+
+    settings.CLOCKQ_METRICS_TOKEN = "monitoring-token"
+    start_workers(gpus=1)
+    staff = Client()
+    staff.force_login(carol)
+
+    anonymous = Client().get("/healthz")
+    wrong_token = Client().get("/healthz", HTTP_AUTHORIZATION="Bearer wrong")
+    monitoring = Client().get("/healthz", HTTP_AUTHORIZATION="Bearer monitoring-token")
+
+    assert (anonymous.status_code, anonymous.json()) == (200, {"status": "ok"})  # no names, no paths
+    assert wrong_token.json() == {"status": "ok"}
+    for detailed in (monitoring.json(), staff.get("/healthz").json()):
+        assert detailed["status"] == "ok" and detailed["checks"]["workers"]["gpu_workers"]
+        assert detailed["checkpoints"]["path"] == str(settings.CLOCKQ_CHECKPOINT_DIR)
+
+
 def test_healthz_is_503_without_gpu_workers(client):
     response = client.get("/healthz")
     body = response.json()

@@ -40,7 +40,8 @@ def test_old_finished_jobs_lose_their_checkpoints_and_others_keep_them(alice, se
     assert "checkpoints deleted 3600 s after the job finished" in old.events.last().reason
 
 
-def test_healthz_shows_the_checkpoint_disk(client, alice, settings):
+def test_healthz_shows_the_checkpoint_disk(client, alice, carol, settings):
+    client.force_login(carol)  # the detail is for staff
     settings.CLOCKQ_CHECKPOINT_DIR.mkdir(parents=True, exist_ok=True)
     job = submit(alice)
     Job.objects.filter(pk=job.pk).update(checkpoint_bytes=1000)
