@@ -92,6 +92,10 @@ class Restored:
         return generation_of(self.name) if self.name else 0
 
 
+PROBE_BYTES = 4096  # written and synced to tell whether the storage works again
+PROBE_MARGIN_BYTES = 256 * 1024
+
+
 class CheckpointStore:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -258,6 +262,25 @@ class CheckpointStore:
                     path.unlink(missing_ok=True)
                 except OSError as exc:
                     log.warning("job %s: could not delete old checkpoint %s: %s", job_id, path.name, exc)
+
+    def probe(self, need_bytes: int) -> None:
+        """StorageError unless a checkpoint of `need_bytes` could be written now: room for it
+        twice over and a margin is free (a failed write frees what it had written, which must
+        not pass for room), and a small file can be written and synced."""
+        path = self.root / f".probe-{os.getpid()}"
+        try:
+            free = shutil.disk_usage(self.root).free
+            if free < 2 * need_bytes + PROBE_MARGIN_BYTES:
+                raise StorageError(f"{free} bytes free in {self.root}; a checkpoint needs {need_bytes}")
+            with open(path, "wb") as f:
+                f.write(b"\0" * PROBE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise StorageError(f"a test write to {self.root} failed: {exc}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
     def delete_job(self, job_id: int) -> None:
         """Delete everything kept for a job but its result: its checkpoints, its work folder and

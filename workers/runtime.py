@@ -34,6 +34,7 @@ log = logging.getLogger("clockq.runtime")
 
 STORAGE_BACKOFF_MIN_S = 1.0
 STORAGE_BACKOFF_MAX_S = 30.0
+STORAGE_PROBE_EVERY_S = 1.0
 DEGRADED_TTL_S = 60.0  # a degraded mark outlives the backoff by this much, then expires
 
 
@@ -123,18 +124,40 @@ class Runtime:
         # While its checkpoint storage fails: how long to wait before the next job, and why.
         self.storage_backoff_s = 0.0
         self.degraded_reason: str | None = None
+        self.storage_probed_at = 0.0
 
     def storage_failed(self, reason: str) -> None:
         """The checkpoint storage failed under a job (which went back to its queue, uncharged).
         Say so in the cluster's view; `back_off` then waits before the next job."""
         self.storage_backoff_s = min(max(2 * self.storage_backoff_s, STORAGE_BACKOFF_MIN_S), STORAGE_BACKOFF_MAX_S)
         self.degraded_reason = f"checkpoint storage failing: {reason}"
+        self._report_degraded()
+
+    def _report_degraded(self) -> None:
+        reason = self.degraded_reason or "checkpoint storage failing"
         try:
-            heartbeat.report_degraded(
-                client(), self.identity.hostname, self.degraded_reason, self.storage_backoff_s + DEGRADED_TTL_S
-            )
+            heartbeat.report_degraded(client(), self.identity.hostname, reason, self.storage_backoff_s + DEGRADED_TTL_S)
         except RedisError as exc:
             log.warning("could not report %s degraded: %s", self.identity.hostname, exc)
+
+    def checkpoints_failing(self, need_bytes: int) -> bool:
+        """Whether a checkpoint of `need_bytes` cannot be written now: the storage failed and has
+        not come back. While it fails it is tried (CheckpointStore.probe) at most once every
+        STORAGE_PROBE_EVERY_S, so that a slice boundary stays cheap, and the degraded mark is
+        kept fresh; once a probe succeeds, jobs switch again."""
+        if self.degraded_reason is None:
+            return False
+        now = time.monotonic()
+        if now - self.storage_probed_at < STORAGE_PROBE_EVERY_S:
+            return True
+        self.storage_probed_at = now
+        try:
+            self.store.probe(need_bytes)
+        except StorageError:
+            self._report_degraded()
+            return True
+        self.storage_works()
+        return False
 
     def persist_failed(self, persist: Persist, exc: StorageError) -> None:
         """A checkpoint the database already names could not be written (in the background, after

@@ -51,10 +51,11 @@ from clockq.policy.slicing import (
     waiting_ahead,
 )
 from clockq.policy.states import JobState
+from workers import shutdown
 from workers.checkpoints import KEEP_GENERATIONS, RestoreAbandoned, StorageError, checkpoint_name, generation_of
 from workers.lease import lease_until
 from workers.persister import POPULATE_FROM_BYTES, Persist, Snapshot
-from workers.runtime import Runtime, TierInfo
+from workers.runtime import STORAGE_PROBE_EVERY_S, Runtime, TierInfo
 from workers.workloads import registry
 from workers.workloads.base import JobRefused, RunContext, StartAbandoned, Workload
 
@@ -316,6 +317,7 @@ class JobRun:
         self.unpersisted: tuple[str, Snapshot] | None = None  # a snapshot taken, until its name commits
         self.prefetch: Future[BoundaryRead] | None = None  # the boundary's read, made during the last step
         self.marked_ahead: tuple[str, float] | None = None  # BoundaryRead.marked, until the checkpoint
+        self.finish_pending = False  # done, but its result waits for room on the storage
 
     def run(self) -> RunOutcome:
         self.runtime.leases.hold(self.job_id, self.token)
@@ -342,7 +344,7 @@ class JobRun:
             self.runtime.probe_load(workload)
             self.runtime.note_switch_in(time.perf_counter(), record.restore_ms)
             while True:
-                done = self._run_slice(workload, record)
+                done = self.finish_pending or self._run_slice(workload, record)
                 outcome = self._at_boundary(workload, record, done)
                 if outcome is not None:
                     keep_warm = outcome == RunOutcome.YIELDED
@@ -565,11 +567,17 @@ class JobRun:
                 past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
                 shutting_down=self.runtime.shutting_down(),
                 cut_short=record.cut_short,
+                checkpoints_failing=not done and self.runtime.checkpoints_failing(self.checkpoint_bytes),
             )
         )
         action = decision.action
         if action == BoundaryAction.FINISH:
-            result = self._store_result(workload)  # durably, before the job counts as succeeded
+            try:
+                result = self._store_result(workload)  # durably, before the job counts as succeeded
+            except StorageError as exc:
+                self._wait_for_room_to_finish(workload, record, exc)
+                return None
+            self.finish_pending = False
             now = timezone.now()
             self._end(
                 record,
@@ -604,6 +612,16 @@ class JobRun:
             self.runtime.switch_out(record.compute_end, record.checkpoint_ms)  # before the persist is queued
         self._persist()
         return outcome
+
+    def _wait_for_room_to_finish(self, workload: Workload, record: SliceRecord, exc: StorageError) -> None:
+        """The job is done but its result cannot be stored (the checkpoint storage fails): it
+        keeps its GPU, and its work, and tries again a moment later, holding its lease, rather
+        than go back to its queue and do the work since its last checkpoint again."""
+        log.warning("job %s: done, waiting for room to store its result: %s", self.job_id, exc)
+        self.runtime.storage_failed(str(exc))
+        shutdown.requested.wait(STORAGE_PROBE_EVERY_S)
+        self._continue(workload, record)  # renews the lease, records the wait as a slice
+        self.finish_pending = True
 
     def _read_boundary(self, done: bool, cut_short: bool) -> BoundaryRead:
         """What a boundary decides from: the broker's queue lengths, the job's row, and the
@@ -715,6 +733,8 @@ class JobRun:
     def _continue(self, workload: Workload, record: SliceRecord) -> None:
         every = settings.CLOCKQ_CHECKPOINT_EVERY_S
         checkpointed = bool(every) and time.monotonic() - self.last_checkpoint_at >= every
+        # While checkpoints cannot be written the job keeps its work on the GPU, not on a disk.
+        checkpointed = checkpointed and not self.runtime.checkpoints_failing(self.checkpoint_bytes)
         if checkpointed:
             self._checkpoint(workload, record)
         now = timezone.now()

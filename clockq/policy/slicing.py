@@ -45,6 +45,9 @@ class Boundary:
     shutting_down: bool = False
     # The slice ended early because an RT job was announced, not because its time was up.
     cut_short: bool = False
+    # This worker's checkpoint storage fails (a full disk): making way would lose the work done
+    # since the job's last checkpoint.
+    checkpoints_failing: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,8 +125,24 @@ def waiting_ahead(job_rank: int, waiting_by_rank: Sequence[int]) -> int:
     return sum(waiting_by_rank[: job_rank + 1])
 
 
+KEEPS_GPU_WHILE_STORAGE_FAILS = (
+    "kept the GPU: checkpoint storage is failing, and making way would lose its work since its last checkpoint"
+)
+
+
 def decide_at_boundary(b: Boundary) -> Decision:
-    """Finish, continue or switch. Switch only when it pays: someone must be waiting."""
+    """Finish, continue or switch. Switch only when it pays: someone must be waiting, and the
+    job's state must be able to leave the GPU. While checkpoints cannot be written, a job makes
+    way for no one (an RT job included, which waits for another GPU or for the storage); what
+    an operator or a deadline asks for still happens."""
+    decision = _decide(b)
+    asked = b.shutting_down or b.pending_action == PendingAction.REQUEUE
+    if decision.action == BoundaryAction.YIELD and b.checkpoints_failing and not asked:
+        return Decision(BoundaryAction.CONTINUE, KEEPS_GPU_WHILE_STORAGE_FAILS)
+    return decision
+
+
+def _decide(b: Boundary) -> Decision:
     if b.done:
         return Decision(BoundaryAction.FINISH, "workload reported completion")
     if b.past_deadline:

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from clockq.policy.slicing import (
@@ -124,3 +126,24 @@ def test_a_slice_cut_short_by_an_rt_signal_yields_only_to_rt(rank, waiting, acti
 def test_plan_slice_takes_keyword_arguments_only():
     with pytest.raises(TypeError):
         plan_slice(50, 20)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("boundary", "action"),
+    [
+        # Making way for a job of the same tier, a higher one or an RT job would lose the work.
+        (Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 1, 0, 0]), BoundaryAction.CONTINUE),
+        (Boundary(done=False, job_rank=2, waiting_by_rank=[1, 0, 0, 0, 0], cut_short=True), BoundaryAction.CONTINUE),
+        # What a deadline, an operator or a stopping worker asks for still happens.
+        (Boundary(done=True, job_rank=2, waiting_by_rank=[1] * 5), BoundaryAction.FINISH),
+        (Boundary(done=False, job_rank=2, waiting_by_rank=[1] * 5, past_deadline=True), BoundaryAction.TIME_OUT),
+        (
+            Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, pending_action=PendingAction.REQUEUE),
+            BoundaryAction.YIELD,
+        ),
+        (Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, shutting_down=True), BoundaryAction.YIELD),
+    ],
+)
+def test_a_job_makes_way_for_no_one_while_its_checkpoints_cannot_be_written(boundary, action):
+    failing = dataclasses.replace(boundary, checkpoints_failing=True)
+    assert decide_at_boundary(failing).action == action
