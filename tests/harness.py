@@ -97,6 +97,18 @@ class RedisServer:
         self.start()
 
 
+def stop_process(proc: subprocess.Popen | None, grace_s: float) -> None:
+    """SIGTERM a process the test started (in a session of its own), then SIGKILL its group
+    if it has not exited after `grace_s`."""
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 class GpuWorkers:
     """`manage.py gpuworkers` with simulated GPUs: the real launcher and real Celery workers."""
 
@@ -136,13 +148,7 @@ class GpuWorkers:
         return [int(p) for p in out.split()]
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_process(self.proc, grace_s=40)
         self.proc = None
         if getattr(self, "log", None):
             self.log.close()
@@ -343,13 +349,7 @@ class FlowerServer:
             return exc.code, exc.headers, exc.read().decode(errors="replace")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_process(self.proc, grace_s=20)
         self.proc = None
         if getattr(self, "log", None):
             self.log.close()
