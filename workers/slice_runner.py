@@ -575,6 +575,8 @@ class JobRun:
             try:
                 result = self._store_result(workload)  # durably, before the job counts as succeeded
             except StorageError as exc:
+                if self.runtime.shutting_down():
+                    raise  # a stopping worker cannot wait: back to the queue, uncharged
                 self._wait_for_room_to_finish(workload, record, exc)
                 return None
             self.finish_pending = False
