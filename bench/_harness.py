@@ -316,11 +316,11 @@ def private_clockq(
 
 def start_gpu_worker(index: int, count: int, env: dict[str, str], work: Path, timeout: float = 90) -> Service:
     """GPU worker `index` of `count` simulated GPUs, started the way `gpuworkers` starts it
-    (workers.launch), as a Service in its own process group; returns once its heartbeat key is
+    (clockq.stack.roles), as a Service in its own process group; returns once its heartbeat key is
     in Redis. Needs setup_django() first. The caller stops it (Service.stop)."""
     from clockq.bus.heartbeat import KEY_PREFIX
-    from workers.gpus import simulated_gpus
-    from workers.launch import gpu_worker_argv, gpu_worker_env
+    from clockq.stack.roles import gpu_worker_argv
+    from workers.gpus import gpu_worker_env, simulated_gpus
 
     gpu = simulated_gpus(count)[index]
     argv = gpu_worker_argv(gpu.index)

@@ -35,7 +35,7 @@ FUNCTIONS = (
     ("workers.slice_runner", "JobRun._at_boundary"),
     ("clockq.bus.queues", "waiting_by_rank"),
     ("workers.slice_runner", "JobRun._checkpoint"),
-    ("workers.checkpoints", "CheckpointStore.write"),
+    ("clockq.jobs.checkpoints", "CheckpointStore.write"),
     ("workers.slice_runner", "JobRun._end"),
     ("workers.slice_runner", "transition"),
     ("workers.slice_runner", "JobRun._save_slice"),
@@ -44,7 +44,7 @@ FUNCTIONS = (
     ("workers.slice_runner", "JobRun.__init__"),
     ("workers.slice_runner", "JobRun._restore"),
     ("workers.workloads.registry", "create"),
-    ("workers.checkpoints", "CheckpointStore.restore"),
+    ("clockq.jobs.checkpoints", "CheckpointStore.restore"),
     # The ORM's entry points, and its compile-and-execute (SQL built from a query, then run).
     ("django.db.models.query", "QuerySet.first"),
     ("django.db.models.query", "QuerySet.get"),

@@ -16,7 +16,7 @@ the last round.
    re-sends itself, under a worker started with exactly clockq's GPU-worker flags (prefork,
    concurrency 1, task events, no mingle or gossip, INFO logging). A hop is the time between
    the starts of two consecutive task bodies.
-2. clockq. One real GPU worker (workers.launch.gpu_worker_argv(0)) and two synthetic SP jobs with
+2. clockq. One real GPU worker (clockq.stack.roles.gpu_worker_argv(0)) and two synthetic SP jobs with
    `--state-kb` of state and 1 ms steps. The SP tier's base and minimum slice are set to
    `--slice-ms` in this run's database. Both jobs share the one GPU, so at every boundary the
    other job is waiting and the running one yields: each boundary is a real switch.
@@ -187,7 +187,7 @@ def compare_broker_settings(bare_app) -> list[str]:
 
 def worker_argv(app_module: str, hostname: str, queues: tuple[str, ...] | None = None) -> list[str]:
     """clockq's GPU-worker command line, with only the app, hostname and queues replaced."""
-    from workers.launch import gpu_worker_argv
+    from clockq.stack.roles import gpu_worker_argv
 
     argv = gpu_worker_argv(0)
     replace = {"-A": app_module, "--hostname": hostname}
@@ -303,8 +303,7 @@ def run_clockq(
 
     from clockq.bus.heartbeat import KEY_PREFIX
     from clockq.jobs.models import QueueTier
-    from workers.gpus import simulated_gpus
-    from workers.launch import gpu_worker_env
+    from workers.gpus import gpu_worker_env, simulated_gpus
 
     QueueTier.objects.filter(code="SP").update(base_slice_ms=args.slice_ms, min_slice_ms=args.slice_ms)
     owner, _ = get_user_model().objects.get_or_create(username="switch-bench")

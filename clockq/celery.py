@@ -11,7 +11,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "clockq.settings")
 
 app = Celery("clockq")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["workers", "predictor"])
+app.autodiscover_tasks(["workers", "control", "predictor"])
 
 
 @task_prerun.connect

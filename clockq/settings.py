@@ -53,7 +53,8 @@ INSTALLED_APPS = [
     "clockq",  # management commands that act on the whole system (runstack, ensureadmin)
     "clockq.jobs",
     "webapp",
-    "workers",
+    "workers",  # the gpu role
+    "control",  # the control role: beat's periodic maintenance
     "predictor",  # the load predictor (TensorFlow only inside its training and serving code)
 ]
 

@@ -11,7 +11,10 @@ import logging
 from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_ready
+from django.conf import settings
 
+from clockq.bus import heartbeat
 from predictor import live
 
 log = logging.getLogger("clockq.predictor")
@@ -35,3 +38,9 @@ def train_predictor() -> dict[str, Any]:
     except Exception as exc:
         log.exception("train predictor failed; the champion stays as it was")
         return {"trained": False, "reason": f"failed: {exc}"}
+
+
+@worker_ready.connect
+def _start_heartbeat(sender=None, **_kwargs) -> None:
+    if sender is not None and heartbeat.consumes(sender, settings.PREDICTOR_QUEUE):
+        heartbeat.start(sender.hostname)

@@ -260,7 +260,7 @@ class Beat:
         self.log_path = workdir / "beat.log"
 
     def start(self, redis_url: str) -> Beat:
-        from workers.launch import control_worker_argv
+        from clockq.stack.roles import control_worker_argv
 
         env = {**os.environ, **self.env, "REDIS_URL": redis_url}
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()

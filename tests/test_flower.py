@@ -125,7 +125,7 @@ def flower(broker, tmp_path_factory):
 @pytest.fixture(scope="module")
 def worker(broker, tmp_path_factory):
     """One real clockq worker (the control worker: no GPU, solo pool), for its `conf` reply."""
-    from workers.launch import control_worker_argv
+    from clockq.stack.roles import control_worker_argv
 
     argv = control_worker_argv(host="flowertest")
     log = open(tmp_path_factory.mktemp("worker") / "worker.log", "wb")  # noqa: SIM115 - closed below

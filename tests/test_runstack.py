@@ -41,7 +41,7 @@ def test_the_banner_never_shows_the_broker_password():
 
 
 def test_the_predictor_worker_consumes_only_its_queue_one_task_at_a_time():
-    from workers.launch import predictor_worker_argv
+    from clockq.stack.roles import predictor_worker_argv
 
     argv = predictor_worker_argv(host="h")
     assert argv[argv.index("--queues") + 1] == "predictor"

@@ -72,3 +72,13 @@ def discover(setting: str | list[int], sim_memory_mib: list[int] | None = None) 
     if missing:
         raise ImproperlyConfigured(f"CLOCKQ_GPUS names GPU(s) {missing} but NVML sees only {sorted(by_index)}")
     return [by_index[i] for i in setting]
+
+
+def gpu_worker_env(gpu: Gpu) -> dict[str, str]:
+    """Pin a worker to its GPU, and tell it what kind of GPU that is."""
+    return {
+        "CUDA_VISIBLE_DEVICES": str(gpu.index),
+        "CLOCKQ_GPU_INDEX": str(gpu.index),
+        "CLOCKQ_GPU_SIMULATED": "1" if gpu.simulated else "0",
+        "CLOCKQ_GPU_MEMORY_MIB": str(gpu.memory_total_mib),
+    }

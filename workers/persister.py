@@ -39,7 +39,7 @@ import redis
 from redis import RedisError
 
 from clockq.bus import persists
-from workers.checkpoints import CheckpointStore, StorageError
+from clockq.jobs.checkpoints import CheckpointStore, StorageError
 
 log = logging.getLogger("clockq.persist")
 

@@ -18,11 +18,11 @@ from redis import RedisError
 from clockq.bus import heartbeat, signals
 from clockq.bus.client import client
 from clockq.bus.gpu_samples import Publisher
+from clockq.jobs.checkpoints import CheckpointStore, StorageError, generation_of
 from clockq.jobs.models import Job, JobEvent, QueueTier
 from clockq.jobs.results import ResultStore
 from clockq.policy.slicing import switch_cost_ewma
 from workers import shutdown
-from workers.checkpoints import CheckpointStore, StorageError, generation_of
 from workers.lease import LeaseKeeper
 from workers.persister import Marks, Persist, Persister, SnapshotMemory
 from workers.probes import NvmlProbe, SimulatedProbe, make_probe

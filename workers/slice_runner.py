@@ -32,6 +32,7 @@ from clockq.bus import counters, persists, queues, signals
 from clockq.bus.client import client
 from clockq.jobs import hot_sql, quotas, workloads
 from clockq.jobs import metrics as job_metrics
+from clockq.jobs.checkpoints import KEEP_GENERATIONS, RestoreAbandoned, StorageError, checkpoint_name, generation_of
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import Manifest, ResultError, ResultStorageError
@@ -52,7 +53,6 @@ from clockq.policy.slicing import (
 )
 from clockq.policy.states import JobState
 from workers import shutdown
-from workers.checkpoints import KEEP_GENERATIONS, RestoreAbandoned, StorageError, checkpoint_name, generation_of
 from workers.lease import lease_until
 from workers.persister import POPULATE_FROM_BYTES, Persist, Snapshot
 from workers.runtime import STORAGE_PROBE_EVERY_S, Runtime, TierInfo

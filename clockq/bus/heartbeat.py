@@ -7,11 +7,19 @@ the broker. Celery's own `inspect ping` would need a broadcast round trip per re
 from __future__ import annotations
 
 import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
 from clockq.bus.client import client
+
+log = logging.getLogger("clockq.heartbeat")
 
 KEY_PREFIX = "clockq:worker:"
 INTERVAL_S = 5
@@ -21,6 +29,39 @@ TTL_S = 15
 def announce(r: redis.Redis, info: dict[str, Any]) -> None:
     """Say that the worker `info["hostname"]` is alive for the next TTL_S seconds."""
     r.set(KEY_PREFIX + info["hostname"], json.dumps(info), ex=TTL_S)
+
+
+def start(hostname: str, gpu_index: int | None = None, on_beat: Callable[[], None] | None = None) -> threading.Thread:
+    """Announce this worker process every INTERVAL_S seconds, from a daemon thread, for as long
+    as the process lives; `on_beat` runs after each announcement (a GPU worker's parent
+    publishes its GPU's telemetry there while idle)."""
+    info = {
+        "hostname": hostname,
+        "gpu": gpu_index,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.time(),
+    }
+
+    def beat() -> None:
+        while True:
+            try:
+                announce(client(), info)
+                if on_beat is not None:
+                    on_beat()
+            except redis.RedisError as exc:
+                log.warning("heartbeat for %s failed: %s", hostname, exc)
+            time.sleep(INTERVAL_S)
+
+    thread = threading.Thread(target=beat, name="clockq-heartbeat", daemon=True)
+    thread.start()
+    return thread
+
+
+def consumes(worker: Any, queue: str) -> bool:
+    """Whether the Celery worker `worker` (a worker_ready sender) consumes `queue`: each role
+    starts its own heartbeat, recognised by the queues its command line gave it."""
+    return queue in worker.app.amqp.queues.consume_from
 
 
 def live_workers() -> list[dict[str, Any]]:

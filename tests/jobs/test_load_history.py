@@ -115,7 +115,7 @@ def test_without_the_broker_no_sample_is_recorded(monkeypatch):
 
     with pytest.raises(redis.RedisError):
         load_history.record_sample(NOW)
-    from workers.tasks import load_sample
+    from control.tasks import load_sample
 
     assert load_sample.apply().get() is None  # the beat task logs it and goes on
     assert not MetricSample.objects.exists()
@@ -148,7 +148,7 @@ def test_the_beat_task_samples_prunes_and_skips_a_doubled_tick(alice, settings):
 
     assert first is not None and again is None and later is not None
     assert MetricSample.objects.count() == 2  # the 40-day-old one is gone
-    from workers.tasks import load_sample
+    from control.tasks import load_sample
 
     assert load_sample.apply().get() == 0.0  # one GPU, nothing running or waiting
 

@@ -21,7 +21,7 @@ from clockq.jobs import scale_hook
 from clockq.jobs.control import apply_forecast, force_state
 from clockq.jobs.scale_hook import ScaleHookFailed, call_scale_hook, request_scale_out
 from clockq.policy import control as rules
-from workers.tasks import SCALE_OUT_MAX_RETRIES, scale_out
+from control.tasks import SCALE_OUT_MAX_RETRIES, scale_out
 
 
 class Hook:

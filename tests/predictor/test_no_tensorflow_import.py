@@ -48,7 +48,7 @@ PROCESSES = {
     "gpu worker": (
         "from clockq.celery import app\n"
         "app.loader.import_default_modules()\n"
-        "import workers.tasks, workers.slice_runner, predictor.tasks, predictor.live\n"
+        "import workers.tasks, workers.slice_runner, control.tasks, predictor.tasks, predictor.live\n"
         "import workers.management.commands.gpuworkers\n"
         "assert 'clockq.forecast' in app.tasks and 'clockq.train_predictor' in app.tasks\n"
     ),

@@ -14,9 +14,9 @@ from clockq.bus import heartbeat
 from clockq.bus.client import client as broker
 from clockq.celery import app
 from clockq.jobs.models import ControlState, Forecast, MetricSample
+from clockq.stack.roles import predictor_worker_argv
 from tests.harness import ROOT, die_with_parent, wait_for
 from tests.helpers import database_url
-from workers.launch import predictor_worker_argv
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ from django.test import override_settings
 
 from clockq.bus import queues
 from clockq.jobs.models import Job
+from control.reconcile import reconcile_queued_jobs
 from tests.helpers import token_auth
-from workers.reconcile import reconcile_queued_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the wake-up is sent on commit
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
+from clockq.jobs.checkpoints import CheckpointStore
 from tests.harness import ROOT, program_python, shared_copy
 from tests.helpers import submit, wait_finished
-from workers.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ from django.test import override_settings
 
 from clockq.bus.client import client
 from clockq.jobs.models import Job
+from control.reaper import reap_expired_leases
 from tests.harness import wait_for
 from tests.helpers import assert_no_overlap, submit, wait_finished
-from workers.reaper import reap_expired_leases
 
 pytestmark = pytest.mark.integration
 

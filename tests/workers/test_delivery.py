@@ -10,9 +10,9 @@ from clockq.bus import queues
 from clockq.bus.client import client
 from clockq.bus.dispatch import send_run_slice
 from clockq.jobs.models import Job, new_token
+from control.reconcile import reconcile_queued_jobs
 from tests.harness import wait_for
 from tests.helpers import assert_no_overlap, claims, submit, wait_finished
-from workers.reconcile import reconcile_queued_jobs
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,9 @@ import socket
 import pytest
 
 from clockq.bus.client import client
+from clockq.stack.roles import gpu_worker_argv
 from tests.harness import wait_for
-from workers.gpus import Gpu
-from workers.launch import gpu_worker_argv, gpu_worker_env
+from workers.gpus import Gpu, gpu_worker_env
 
 pytestmark = pytest.mark.integration
 

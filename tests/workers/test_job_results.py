@@ -68,7 +68,7 @@ def test_a_worker_lost_between_storing_the_result_and_the_final_write_costs_a_re
 
     from clockq.jobs.models import Job
     from clockq.jobs.results import ResultStore
-    from workers.reaper import reap_expired_leases
+    from control.reaper import reap_expired_leases
 
     job = submit(alice, "SP", "crashed", steps=20, step_ms=1, state_kb=1)
     results = ResultStore(settings.CLOCKQ_CHECKPOINT_DIR)

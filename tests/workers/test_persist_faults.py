@@ -10,12 +10,12 @@ import time
 import pytest
 from django.conf import settings
 
+from clockq.jobs.checkpoints import CheckpointStore, generation_of
 from clockq.jobs.models import Job
+from control.reaper import reap_expired_leases
+from control.reconcile import reconcile_queued_jobs
 from tests.harness import ZOMBIE, process_stat, wait_for
 from tests.helpers import assert_no_overlap, submit, wait_finished
-from workers.checkpoints import CheckpointStore, generation_of
-from workers.reaper import reap_expired_leases
-from workers.reconcile import reconcile_queued_jobs
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from clockq.jobs.checkpoints import CheckpointStore, StorageError, checkpoint_name
 from tests.harness import wait_for
-from workers.checkpoints import CheckpointStore, StorageError, checkpoint_name
 from workers.persister import Persist, Persister, SnapshotMemory
 
 MB = 2**20

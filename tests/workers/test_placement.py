@@ -7,9 +7,9 @@ from django.test import override_settings
 
 from clockq.jobs import services, workloads
 from clockq.jobs.models import Job
+from control.reconcile import reconcile_queued_jobs
 from tests.harness import wait_for
 from tests.helpers import submit, wait_finished
-from workers.reconcile import reconcile_queued_jobs
 
 pytestmark = pytest.mark.integration
 

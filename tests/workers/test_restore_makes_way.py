@@ -12,10 +12,10 @@ from django.test import override_settings
 
 from clockq.bus import persists, signals
 from clockq.bus.client import client
+from clockq.jobs.checkpoints import CheckpointStore, checkpoint_name
 from clockq.jobs.models import Job
 from tests.harness import program_python
 from tests.helpers import submit
-from workers.checkpoints import CheckpointStore, checkpoint_name
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 from workers.workloads.synthetic import SyntheticWorkload

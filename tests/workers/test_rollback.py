@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
+from clockq.jobs.checkpoints import CheckpointStore, checkpoint_name
 from clockq.jobs.models import Job
 from tests.helpers import submit, wait_finished
-from workers.checkpoints import CheckpointStore, checkpoint_name
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 from workers.workloads.base import RunContext

@@ -11,9 +11,9 @@ from django.conf import settings
 from django.db import connection
 
 from clockq.jobs import workloads
+from clockq.jobs.checkpoints import CheckpointStore, checkpoint_name
 from tests.harness import needs_sandbox, program_python
 from workers import sandbox
-from workers.checkpoints import CheckpointStore, checkpoint_name
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 from workers.workloads.base import JobRefused, RunContext

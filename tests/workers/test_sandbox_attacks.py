@@ -18,11 +18,11 @@ from django.conf import settings
 
 from clockq.bus.client import client
 from clockq.jobs import services, workloads
+from clockq.jobs.checkpoints import CheckpointStore
 from clockq.jobs.models import Job
 from tests.harness import is_alive, needs_sandbox, processes_of, program_python, wait_for
 from tests.helpers import submit, wait_finished
 from workers import sandbox
-from workers.checkpoints import CheckpointStore
 from workers.workloads import command
 from workers.workloads.base import RunContext
 from workers.workloads.command import CommandWorkload

@@ -48,9 +48,9 @@ from clockq.bus.client import client
 from clockq.bus.heartbeat import KEY_PREFIX
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.policy.states import TERMINAL_STATES
+from control.reaper import reap_expired_leases
+from control.reconcile import reconcile_queued_jobs
 from tests.helpers import submit
-from workers.reaper import reap_expired_leases
-from workers.reconcile import reconcile_queued_jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from clockq.jobs.checkpoints import CheckpointStore
 from clockq.jobs.models import Job, QueueTier
 from tests.harness import Beat, wait_for
 from tests.helpers import database_url, submit, wait_finished
-from workers.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.integration
 

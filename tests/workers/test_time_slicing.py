@@ -9,10 +9,10 @@ import json
 import pytest
 from django.conf import settings
 
+from clockq.jobs.checkpoints import CheckpointStore
 from clockq.jobs.models import Job, Slice
 from tests.harness import wait_for
 from tests.helpers import assert_no_overlap, claims, post_form, submit, wait_finished
-from workers.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.integration
 

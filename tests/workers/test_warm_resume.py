@@ -9,10 +9,10 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
+from clockq.jobs.checkpoints import CheckpointStore, checkpoint_name
 from clockq.jobs.models import Job
 from tests.harness import wait_for
 from tests.helpers import submit
-from workers.checkpoints import CheckpointStore, checkpoint_name
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 from workers.warm_cache import WarmCache

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from clockq.jobs import workloads
+from clockq.jobs.checkpoints import CheckpointStore
 from tests.harness import needs_sandbox, processes_of, program_python, shared_copy, wait_for
-from workers.checkpoints import CheckpointStore
 from workers.workloads import command
 from workers.workloads.base import RunContext, StartAbandoned
 from workers.workloads.command import CommandWorkload, catches_signal

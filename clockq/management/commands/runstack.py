@@ -1,8 +1,8 @@
 """python manage.py runstack: the whole system on one machine (what `make run` starts).
 
-Migrates, ensures the admin user, starts a private Redis unless REDIS_URL is set, then the web
-server, the GPU workers, a control worker, the predictor worker, celery beat and Flower. Ctrl-C or SIGTERM stops
-everything it started.
+Migrates, ensures the admin user, starts a private Redis unless REDIS_URL is set, then every role
+(clockq/stack/roles.py): the web server, the GPU workers, a control worker, the predictor
+worker, celery beat and Flower. Ctrl-C or SIGTERM stops everything it started.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-import sys
 import threading
 import time
 import urllib.request
@@ -24,8 +23,8 @@ from django.core.management.base import BaseCommand, CommandError
 from clockq.bus.redis_server import redis_server_argv
 from clockq.env import persistent_secret
 from clockq.management.commands.ensureadmin import ADMIN_USERNAME, admin_password
-from workers.launch import control_worker_argv, predictor_worker_argv
-from workers.supervisor import Child, Supervisor
+from clockq.stack import roles
+from clockq.stack.supervisor import Child, Supervisor
 
 
 def port_is_free(port: int) -> bool:
@@ -87,66 +86,22 @@ class Command(BaseCommand):
         env: dict[str, str] = {}
 
         if not os.environ.get("REDIS_URL"):
-            port = settings.EMBEDDED_REDIS_PORT
-            if not port_is_free(port):
-                raise CommandError(
-                    f"port {port} for the embedded Redis is taken; set CLOCKQ_EMBEDDED_REDIS_PORT or REDIS_URL"
-                )
-            data = settings.VAR_DIR / "redis"
-            data.mkdir(parents=True, exist_ok=True)
-            broker_password = persistent_secret(settings.EMBEDDED_REDIS_PASSWORD_FILE, nbytes=24)
-            # Restarted if it dies: it reloads its append-only file, and every client reconnects.
-            argv = redis_server_argv(port, data, durable=True, password=broker_password)
-            children.append(Child("redis", argv, stop_last=True))
+            children.append(_embedded_redis())
         env["REDIS_URL"] = settings.REDIS_URL
         for name, port in (("PORT", settings.PORT), ("FLOWER_PORT", settings.FLOWER_PORT)):
             if not port_is_free(port):
                 raise CommandError(f"{name}={port} is taken; choose another port with {name}=...")
 
-        python = sys.executable
         children += [
-            Child(
-                "web",
-                [
-                    python,
-                    "-m",
-                    "gunicorn",
-                    "clockq.wsgi:application",
-                    "--bind",
-                    f"{bind}:{settings.PORT}",
-                    "--workers",
-                    "2",
-                    "--threads",
-                    "4",
-                    "--access-logfile",
-                    "-",
-                ],
-                restart=False,
-            ),
-            Child("gpuworkers", [python, "manage.py", "gpuworkers"], restart=False),
-            Child("control", control_worker_argv()),
+            Child("web", roles.web_argv(bind, settings.PORT), restart=False),
+            Child("gpuworkers", roles.gpu_host_argv(), restart=False),
+            Child("control", roles.control_worker_argv()),
             # Forecasts every minute and retrains hourly (beat sends both to its queue).
-            Child("predictor", predictor_worker_argv()),
-            Child(
-                "beat",
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "clockq",
-                    "beat",
-                    "--loglevel",
-                    "INFO",
-                    "--scheduler",
-                    "django_celery_beat.schedulers:DatabaseScheduler",
-                ],
-                restart=False,
-            ),
+            Child("predictor", roles.predictor_worker_argv()),
+            Child("beat", roles.beat_argv(), restart=False),
             Child(
                 "flower",
-                # Flower's own command, with failed logins locked out (clockq/flower.py).
-                [python, "-m", "clockq.flower", f"--address={bind}", f"--port={settings.FLOWER_PORT}"],
+                roles.flower_argv(bind, settings.FLOWER_PORT),
                 # Through the environment, so the password never shows in `ps`.
                 env={"FLOWER_BASIC_AUTH": f"{ADMIN_USERNAME}:{password}"},
                 restart=False,
@@ -187,6 +142,18 @@ class Command(BaseCommand):
                 pass
             time.sleep(1)
         self.stderr.write("clockq did not become healthy within 180 s; see the logs above")
+
+
+def _embedded_redis() -> Child:
+    """A private Redis for this machine alone, restarted if it dies: it reloads its append-only
+    file, and every client reconnects."""
+    port = settings.EMBEDDED_REDIS_PORT
+    if not port_is_free(port):
+        raise CommandError(f"port {port} for the embedded Redis is taken; set CLOCKQ_EMBEDDED_REDIS_PORT or REDIS_URL")
+    data = settings.VAR_DIR / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    broker_password = persistent_secret(settings.EMBEDDED_REDIS_PASSWORD_FILE, nbytes=24)
+    return Child("redis", redis_server_argv(port, data, durable=True, password=broker_password), stop_last=True)
 
 
 def _is_address(bind: str) -> bool:

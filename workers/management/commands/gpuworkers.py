@@ -7,11 +7,11 @@ import logging
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from clockq.stack.roles import gpu_worker_argv
+from clockq.stack.supervisor import Child, Supervisor
 from workers import sandbox
-from workers.gpus import discover
-from workers.launch import gpu_worker_argv, gpu_worker_env
+from workers.gpus import discover, gpu_worker_env
 from workers.prefetch import Prefetcher
-from workers.supervisor import Child, Supervisor
 from workers.workloads.base import JobRefused
 
 log = logging.getLogger("clockq.gpuworkers")

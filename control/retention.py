@@ -10,10 +10,10 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from clockq.jobs.checkpoints import CheckpointStore, StorageError
 from clockq.jobs.models import Job, JobEvent
 from clockq.jobs.results import ResultStorageError, ResultStore
 from clockq.policy.states import TERMINAL_STATES
-from workers.checkpoints import CheckpointStore, StorageError
 
 log = logging.getLogger("clockq.retention")
 

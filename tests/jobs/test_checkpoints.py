@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from workers.checkpoints import (
+from clockq.jobs.checkpoints import (
     MAGIC,
     CheckpointError,
     CheckpointStore,

@@ -9,11 +9,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from clockq.bus import counters
+from clockq.jobs.checkpoints import generation_of
 from clockq.jobs.models import Job, Slice
 from clockq.jobs.transitions import transition
 from clockq.policy.slicing import SliceOutcome
 from clockq.policy.states import JobState
-from workers.checkpoints import generation_of
 
 log = logging.getLogger("clockq.reaper")
 

@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from clockq.jobs.checkpoints import CheckpointStore, checkpoint_name
 from clockq.jobs.models import Job
+from control.retention import delete_old_checkpoints
 from tests.helpers import submit
-from workers.checkpoints import CheckpointStore, checkpoint_name
-from workers.retention import delete_old_checkpoints
 
 pytestmark = pytest.mark.django_db
 
@@ -80,7 +80,7 @@ def test_retention_keeps_a_finished_jobs_result(alice, settings, tmp_path):
 
 def test_results_are_kept_unless_their_retention_is_set(alice, settings):
     from clockq.jobs.results import ResultStore
-    from workers.retention import delete_old_results
+    from control.retention import delete_old_results
 
     results = ResultStore(settings.CLOCKQ_CHECKPOINT_DIR)
     old, recent = submit(alice, name="old"), submit(alice, name="recent")
