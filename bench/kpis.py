@@ -360,8 +360,8 @@ def run_one(db: str, n_jobs: int, n_slices: int, rounds: int) -> dict:
 
         from clockq.bus import heartbeat
         from clockq.bus.client import client
-        from clockq.jobs import kpis
-        from clockq.jobs.models import GpuMinute, KpiMinute
+        from clockq.kpis import reports as kpis
+        from clockq.kpis.models import GpuMinute, KpiMinute
 
         now = timezone.now()
         t0 = time.perf_counter()
@@ -417,7 +417,7 @@ def extend_hours(days: int) -> int:
     """A year of hourly rollup rows, copies of the day just rolled up, shifted a day back at a
     time: what KpiHour and GpuHour hold after a year of this load, for the long windows. (Minute
     rows are only read at a window's ragged ends, which the day already has.)"""
-    from clockq.jobs.models import GpuHour, KpiHour
+    from clockq.kpis.models import GpuHour, KpiHour
 
     day_hours = list(KpiHour.objects.all())
     day_gpus = list(GpuHour.objects.all())
@@ -440,7 +440,7 @@ def rolled_up_to_now() -> bool:
     from django.db.models import Max
     from django.utils import timezone
 
-    from clockq.jobs.models import KpiMinute
+    from clockq.kpis.models import KpiMinute
     from clockq.policy.kpis import floor_minute
 
     last = KpiMinute.objects.aggregate(last=Max("minute"))["last"]

@@ -51,7 +51,10 @@ INSTALLED_APPS = [
     "axes",  # login throttling and lockout
     "django_celery_beat",
     "clockq",  # management commands that act on the whole system (runstack, ensureadmin)
-    "clockq.jobs",
+    "clockq.jobs",  # the domain: jobs, tiers, slices, quotas
+    "clockq.kpis",  # the KPI rollups
+    "clockq.control_state",  # admission, prefetch and desired workers, and their audit trail
+    "clockq.forecasting",  # the load predictor's storage: load history, models, forecasts
     "webapp",
     "workers",  # the gpu role
     "control",  # the control role: beat's periodic maintenance
@@ -374,7 +377,7 @@ if _problems := _control.threshold_problems(
 ):
     raise ImproperlyConfigured("CLOCKQ_ADMISSION_*: " + " ".join(p.message for p in _problems))
 
-# Load history (clockq/jobs/load_history.py): the "clockq: load sample" periodic task is created
+# Load history (clockq/forecasting/load_history.py): the "clockq: load sample" periodic task is created
 # with this interval (afterwards the admin's Periodic tasks page changes it), and samples are
 # kept this many days (the predictor trains on 30).
 CLOCKQ_LOAD_SAMPLE_EVERY_S = env_int("CLOCKQ_LOAD_SAMPLE_EVERY_S", 60, min_value=15, max_value=3600)

@@ -12,7 +12,10 @@ from celery.signals import worker_ready
 from django.conf import settings
 
 from clockq.bus import heartbeat
-from clockq.jobs import kpis, load_history, promotion, scale_hook, service_levels
+from clockq.control_state import scale_hook
+from clockq.forecasting import load_history
+from clockq.jobs import promotion, service_levels
+from clockq.kpis import reports as kpis
 from control import reaper, reconcile, retention
 
 log = logging.getLogger("clockq.tasks")

@@ -2,7 +2,7 @@
 control state. The Celery tasks in predictor/tasks.py call `train` and `forecast_and_apply`.
 
 - **Training** (`train`, hourly by default): the last CLOCKQ_PREDICTOR_HISTORY_DAYS of load
-  samples (clockq.jobs.forecasts.training_history), cut into windows per gap-free segment, split
+  samples (clockq.forecasting.forecasts.training_history), cut into windows per gap-free segment, split
   in time order with a gap (predictor.evaluation.split_windows), persistence, linear and the LSTM
   fitted (fixed seed, early stopping, a time budget), the champion chosen on validation MAE by
   predictor.evaluation.select_champion (never worse than persistence), the linear model and the
@@ -37,8 +37,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from clockq.bus import heartbeat
-from clockq.jobs import control, forecasts, scale_hook
-from clockq.jobs.models import ModelVersion
+from clockq.control_state import control, scale_hook
+from clockq.forecasting import forecasts
+from clockq.forecasting.models import ModelVersion
 from clockq.policy.load import CAP
 from predictor.evaluation import FRACTIONS, MIN_PART, metrics, select_champion, split_windows
 from predictor.series import WINDOW, Scaler, SeriesError, Windows, horizon_steps, make_windows

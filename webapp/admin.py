@@ -9,20 +9,12 @@ from django.forms.models import BaseInlineFormSet
 from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 
-from clockq.jobs import control, promotion, quotas, services, workloads
+from clockq.control_state import control
+from clockq.control_state.models import ControlDecision, ControlState
+from clockq.forecasting.models import Forecast, MetricSample, ModelVersion
 from clockq.jobs import metrics as job_metrics
-from clockq.jobs.models import (
-    ControlDecision,
-    ControlState,
-    Forecast,
-    Job,
-    JobEvent,
-    MetricSample,
-    ModelVersion,
-    QueueTier,
-    Slice,
-    UserQuota,
-)
+from clockq.jobs import promotion, quotas, services, workloads
+from clockq.jobs.models import Job, JobEvent, QueueTier, Slice, UserQuota
 from webapp.forms import JobSubmitForm, storable_deadline
 from webapp.serializers import admission_note
 
@@ -375,7 +367,7 @@ class ControlStateForm(forms.ModelForm):
 
 @admin.register(ControlState)
 class ControlStateAdmin(admin.ModelAdmin):
-    """The load controller's state (clockq/jobs/control.py). One row; every change, by the
+    """The load controller's state (clockq/control_state/control.py). One row; every change, by the
     controller or an operator, is a Control decision."""
 
     form = ControlStateForm
@@ -398,7 +390,7 @@ class ControlStateAdmin(admin.ModelAdmin):
         # There is exactly one row: go straight to it (made with its defaults the first time).
         from django.shortcuts import redirect
 
-        return redirect("admin:jobs_controlstate_change", control.control_state().pk)
+        return redirect("admin:control_state_controlstate_change", control.control_state().pk)
 
     def has_add_permission(self, request):
         return False

@@ -1,7 +1,7 @@
 """The staff dashboard: /dashboard is a page of Plotly charts that polls /dashboard/data.
 
 The per-minute charts (queue depth, waits against targets, GPU utilisation, on-time and timeout
-rates) come from the KPI rollup (clockq/jobs/kpis.py), so a refresh never scans every Slice.
+rates) come from the KPI rollup (clockq/kpis/reports.py), so a refresh never scans every Slice.
 The slice timeline wants single slices, so it reads the newest Slice rows directly, bounded by a
 short window and a row cap. Live figures (jobs queued and running now, the GPUs' latest
 telemetry) make the page useful before the first rollup. plotly.js is the plotly wheel's own
@@ -27,8 +27,11 @@ from django.utils import timezone
 
 from clockq.bus import gpu_samples
 from clockq.bus.client import client
-from clockq.jobs import control, forecasts, kpis
-from clockq.jobs.models import ControlState, Job, JobEvent, QueueTier, Slice
+from clockq.control_state import control
+from clockq.control_state.models import ControlState
+from clockq.forecasting import forecasts
+from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
+from clockq.kpis import reports as kpis
 from clockq.policy.kpis import WAIT_BUCKETS_MS
 from clockq.policy.slicing import SliceOutcome
 from clockq.policy.states import JobState
@@ -170,7 +173,7 @@ def live_state(tiers: list[QueueTier]) -> dict[str, Any]:
 
 
 def kpi_charts(*, since: datetime, until: datetime) -> dict[str, Any] | None:
-    """The rollup's figures for the window (clockq/jobs/kpis.py), shaped for the charts; None
+    """The rollup's figures for the window (clockq/kpis/reports.py), shaped for the charts; None
     before the first rollup."""
     window = kpis.summary(since, until)
     if window["rolled_up_until"] is None:

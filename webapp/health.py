@@ -5,7 +5,7 @@ path, errors) is for staff sessions and for monitoring with the metrics token
 (`Authorization: Bearer <CLOCKQ_METRICS_TOKEN>`), as /metrics is.
 
 The load forecast's freshness is shown too (`forecast`: ok, waiting for the first one, or
-stale when older than 5 minutes; clockq.jobs.forecasts.forecast_health). A stale forecast is
+stale when older than 5 minutes; clockq.forecasting.forecasts.forecast_health). A stale forecast is
 not a reason for 503: jobs still run, only the control state stops following the load."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET
 
 from clockq.bus import gpu_samples, heartbeat
 from clockq.bus.client import client, ping
-from clockq.jobs import forecasts
+from clockq.forecasting import forecasts
 from clockq.jobs.models import Job
 from clockq.jobs.quotas import KEPT_GENERATIONS
 from webapp.metrics import bears_metrics_token

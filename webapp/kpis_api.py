@@ -16,7 +16,7 @@ from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
-from clockq.jobs import kpis as kpi_reports
+from clockq.kpis import reports as kpi_reports
 from webapp.api import COMMON_ERRORS
 
 DEFAULT_WINDOW = timedelta(hours=1)

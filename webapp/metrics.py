@@ -36,8 +36,8 @@ from prometheus_client.utils import floatToGoString
 
 from clockq.bus import counters, gpu_samples, heartbeat, queues
 from clockq.bus.client import client
-from clockq.jobs import load_history
-from clockq.jobs.control import admission
+from clockq.control_state.control import admission
+from clockq.forecasting import load_history
 from clockq.jobs.models import Job, QueueTier
 from clockq.policy.kpis import WAIT_BUCKETS_MS
 from clockq.policy.slicing import SliceOutcome

@@ -7,7 +7,8 @@ from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
-from clockq.jobs import control, workload_params, workloads
+from clockq.control_state import control
+from clockq.jobs import workload_params, workloads
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.policy.tiers import TIER_CODES
 

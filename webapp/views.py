@@ -9,7 +9,8 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from clockq.jobs import client_input, control, services
+from clockq.control_state import control
+from clockq.jobs import client_input, services
 from clockq.jobs import metrics as job_metrics
 from clockq.policy.control import ALWAYS_ADMITTED
 from webapp.access import visible_jobs

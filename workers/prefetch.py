@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db import close_old_connections
 
-from clockq.jobs import control
+from clockq.control_state import control
 from clockq.jobs.models import Job
 from clockq.policy.states import JobState
 from workers.gpus import Gpu

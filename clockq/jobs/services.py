@@ -9,7 +9,8 @@ from django.utils import timezone
 from clockq.bus import signals
 from clockq.bus.client import client
 from clockq.bus.dispatch import publish_dispatches
-from clockq.jobs import control, quotas, workloads
+from clockq.control_state import control
+from clockq.jobs import quotas, workloads
 from clockq.jobs.models import Job, JobEvent, QueueTier
 from clockq.jobs.transitions import Changed, transition
 from clockq.policy.control import admits
@@ -38,7 +39,7 @@ def submit_job(
     """Create a queued job from already-validated input and send its wake-up message. Raises
     QuotaExceeded when the owner is at a limit.
 
-    While admission is closed (clockq/jobs/control.py) a non-RT job is accepted but stored
+    While admission is closed (clockq/control_state/control.py) a non-RT job is accepted but stored
     `held`, marked held_for_admission, with no message: it is queued when admission reopens."""
     submission = {
         "name": name,

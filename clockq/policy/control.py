@@ -3,7 +3,7 @@
 The forecast is the load index expected 15 minutes ahead (0 idle, 1 every GPU spoken for; it may
 exceed 1 when more is waiting than the GPUs can take). These functions take it with the current
 state and return decisions, each with a reason that names the forecast and the threshold; a
-service in the core (clockq/jobs/control.py) writes them.
+service in the core (clockq/control_state/control.py) writes them.
 
 - **Admission** closes above `close_above` (85%) and reopens only below `reopen_below` (75% by
   default). Between the two the state stays as it is, so a forecast wandering around 85%

@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from clockq.bus import heartbeat
 from clockq.bus.client import client as broker
-from clockq.jobs import forecasts
-from clockq.jobs.models import ControlDecision, ControlState, Forecast, MetricSample, ModelVersion
+from clockq.control_state.models import ControlDecision, ControlState
+from clockq.forecasting import forecasts
+from clockq.forecasting.models import Forecast, MetricSample, ModelVersion
 from predictor import live, tasks
 from predictor.evaluation import select_champion
 

@@ -13,7 +13,8 @@ from django.utils import timezone
 from clockq.bus import heartbeat
 from clockq.bus.client import client as broker
 from clockq.celery import app
-from clockq.jobs.models import ControlState, Forecast, MetricSample
+from clockq.control_state.models import ControlState
+from clockq.forecasting.models import Forecast, MetricSample
 from clockq.stack.roles import predictor_worker_argv
 from tests.harness import ROOT, die_with_parent, wait_for
 from tests.helpers import database_url

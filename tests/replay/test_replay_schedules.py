@@ -158,8 +158,8 @@ LIVE_POLICY = [
 
 
 def test_the_workers_and_beat_call_the_same_policy_functions():
-    from clockq.jobs import kpi_rollup
     from clockq.jobs import promotion as live_promotion
+    from clockq.kpis import rollup as kpi_rollup
     from workers import slice_runner
 
     assert slice_runner.plan_slice is slicing.plan_slice

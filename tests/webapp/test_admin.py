@@ -229,5 +229,5 @@ def test_the_admin_shows_a_jobs_result(admin_client, alice):
 @pytest.mark.django_db
 @pytest.mark.parametrize("model", ["metricsample", "modelversion", "forecast"])
 def test_the_predictors_records_are_listed_read_only(admin_client, model):
-    assert admin_client.get(f"/admin/jobs/{model}/").status_code == 200
-    assert admin_client.get(f"/admin/jobs/{model}/add/").status_code == 403
+    assert admin_client.get(f"/admin/forecasting/{model}/").status_code == 200
+    assert admin_client.get(f"/admin/forecasting/{model}/add/").status_code == 403

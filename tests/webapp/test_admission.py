@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from clockq.jobs import control
-from clockq.jobs.models import ControlDecision, ControlState, Job
+from clockq.control_state import control
+from clockq.control_state.models import ControlDecision, ControlState
+from clockq.jobs.models import Job
 from tests.helpers import post_form, token_auth
 
 pytestmark = pytest.mark.django_db
@@ -105,12 +106,12 @@ def control_form(state: ControlState, **changes) -> dict:
     return {k: v for k, v in data.items() if v != ""}
 
 
-URL = "/admin/jobs/controlstate/1/change/"
+URL = "/admin/control_state/controlstate/1/change/"
 
 
 def test_the_admin_shows_the_control_state(admin_client):
     control.apply_forecast(0.91, workers=2)
-    listing = admin_client.get("/admin/jobs/controlstate/")
+    listing = admin_client.get("/admin/control_state/controlstate/")
     assert listing.status_code == 302 and listing["Location"].endswith(URL)
     page = admin_client.get(URL).content.decode()
     assert "91.0%" in page and "admission closed: forecast 91% &gt; 85%" in page
@@ -140,7 +141,7 @@ def test_an_operator_forces_a_state_and_clears_it(admin_client, alice, django_ca
     assert (s.forced, s.admission_open) == (False, True)
     assert ControlDecision.objects.filter(actor="root").order_by("id").last().what == "forced"
 
-    decisions = admin_client.get("/admin/jobs/controldecision/").content.decode()
+    decisions = admin_client.get("/admin/control_state/controldecision/").content.decode()
     assert "drill" in decisions and "controller" in decisions
 
 
@@ -166,7 +167,9 @@ def test_bad_admin_input_is_refused_and_changes_nothing(admin_client, changes, e
 def test_control_decisions_are_read_only_in_the_admin(admin_client):
     control.apply_forecast(0.91, workers=2)
     row = ControlDecision.objects.first()
-    assert admin_client.get("/admin/jobs/controldecision/add/").status_code == 403
-    assert admin_client.get(f"/admin/jobs/controldecision/{row.pk}/change/").status_code == 200  # a view
-    admin_client.post(f"/admin/jobs/controldecision/{row.pk}/change/", {"what": "x", "reason": "x", "actor": "x"})
+    assert admin_client.get("/admin/control_state/controldecision/add/").status_code == 403
+    assert admin_client.get(f"/admin/control_state/controldecision/{row.pk}/change/").status_code == 200  # a view
+    admin_client.post(
+        f"/admin/control_state/controldecision/{row.pk}/change/", {"what": "x", "reason": "x", "actor": "x"}
+    )
     assert ControlDecision.objects.get(pk=row.pk).what == row.what != "x"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from clockq.bus import dispatch
-from clockq.jobs import control
+from clockq.control_state import control
 from clockq.jobs.models import Job, JobEvent
 from tests.helpers import submit, token_auth
 

@@ -11,8 +11,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from clockq.jobs import kpis
 from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
+from clockq.kpis import reports as kpis
 from clockq.policy import promotion as rules
 from clockq.policy.kpis import WAIT_BUCKETS_MS, floor_minute
 from clockq.policy.slicing import Boundary, decide_at_boundary
@@ -230,8 +230,9 @@ def test_the_kpi_charts_come_from_the_rollup(client, carol, alice):
 
 
 def test_the_load_section_shows_the_history_the_forecasts_and_the_control_state(client, carol):
-    from clockq.jobs import control, forecasts
-    from clockq.jobs.models import MetricSample
+    from clockq.control_state import control
+    from clockq.forecasting import forecasts
+    from clockq.forecasting.models import MetricSample
 
     now = timezone.now()
     for i in range(5):

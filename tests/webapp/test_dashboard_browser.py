@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 from django.utils import timezone
 
-from clockq.jobs import kpis
 from clockq.jobs.models import Job
+from clockq.kpis import reports as kpis
 from clockq.policy import promotion as rules
 from clockq.policy.kpis import floor_minute
 from tests.browser import TIMEOUT_MS, log_in
@@ -92,8 +92,9 @@ def some_slices(alice):
 
 
 def test_every_chart_draws_from_local_files_and_refreshes_in_place(watched_page, carol, some_slices):
-    from clockq.jobs import control, forecasts
-    from clockq.jobs.models import MetricSample
+    from clockq.control_state import control
+    from clockq.forecasting import forecasts
+    from clockq.forecasting.models import MetricSample
 
     now = timezone.now()
     for i in range(3):

@@ -79,8 +79,8 @@ def test_healthz_shows_the_forecast_fresh_stale_or_not_yet(client):
 
     from django.utils import timezone
 
-    from clockq.jobs import forecasts
-    from clockq.jobs.models import MetricSample
+    from clockq.forecasting import forecasts
+    from clockq.forecasting.models import MetricSample
 
     body = client.get("/healthz").json()
     assert body["forecast"]["status"] == "waiting" and body["forecast"]["ok"]  # a fresh stack

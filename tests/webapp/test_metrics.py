@@ -198,8 +198,8 @@ def test_the_load_and_control_gauges_an_autoscaler_reads(client):
     from django.utils import timezone
 
     from clockq.bus import heartbeat
-    from clockq.jobs.control import apply_forecast, force_state
-    from clockq.jobs.models import MetricSample
+    from clockq.control_state.control import apply_forecast, force_state
+    from clockq.forecasting.models import MetricSample
 
     # Before any sample or forecast: the wanted GPU workers are those alive, admission is open
     for name, gpu in (("gpu0@h", 0), ("gpu1@h", 1), ("control@h", None)):

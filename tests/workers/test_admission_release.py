@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from clockq.jobs import control
+from clockq.control_state import control
 from clockq.jobs.models import Job
 from tests.helpers import submit, token_auth, wait_finished
 

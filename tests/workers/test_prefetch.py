@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from clockq.bus import dispatch
-from clockq.jobs import control
+from clockq.control_state import control
 from tests.helpers import submit
 from workers import prefetch
 from workers.gpus import simulated_gpus

@@ -18,7 +18,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
-from clockq.jobs.models import ControlDecision, ControlState, Job
+from clockq.control_state.models import ControlDecision, ControlState
+from clockq.jobs.models import Job
 from clockq.jobs.transitions import transition
 from clockq.policy import control as rules
 from clockq.policy.states import JobState

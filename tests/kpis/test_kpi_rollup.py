@@ -35,8 +35,10 @@ import pytest
 
 from clockq.bus import heartbeat
 from clockq.bus.client import client
-from clockq.jobs import kpi_rollup, kpis
-from clockq.jobs.models import GpuMinute, Job, JobEvent, KpiMinute, QueueTier, Slice
+from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
+from clockq.kpis import reports as kpis
+from clockq.kpis import rollup as kpi_rollup
+from clockq.kpis.models import GpuMinute, KpiMinute
 from tests.helpers import token_auth
 
 pytestmark = pytest.mark.django_db
@@ -298,7 +300,7 @@ def test_summary_matches_the_kpis_worked_out_by_hand(fixture):
 
 @pytest.mark.parametrize(("since", "until"), [("09:00:00", "11:00:00"), ("09:30:00", "11:30:00")])
 def test_whole_hours_are_read_from_the_hourly_rows_with_the_same_result(fixture, since, until):
-    from clockq.jobs.models import GpuHour, KpiHour
+    from clockq.kpis.models import GpuHour, KpiHour
 
     assert KpiHour.objects.filter(hour=t("10:00:00")).count() == 5  # a row per tier
     assert GpuHour.objects.filter(hour=t("10:00:00")).count() == 3

@@ -16,10 +16,10 @@ from django.core.exceptions import ImproperlyConfigured
 
 from clockq.bus import heartbeat
 from clockq.bus.client import client as broker
+from clockq.control_state import scale_hook
+from clockq.control_state.control import apply_forecast, force_state
+from clockq.control_state.scale_hook import ScaleHookFailed, call_scale_hook, request_scale_out
 from clockq.env import parse_scale_hook
-from clockq.jobs import scale_hook
-from clockq.jobs.control import apply_forecast, force_state
-from clockq.jobs.scale_hook import ScaleHookFailed, call_scale_hook, request_scale_out
 from clockq.policy import control as rules
 from control.tasks import SCALE_OUT_MAX_RETRIES, scale_out
 

@@ -33,8 +33,8 @@ from django.conf import settings
 from django.db import transaction
 
 from clockq.bus import heartbeat
+from clockq.control_state.models import ControlState
 from clockq.env import ScaleHook, parse_scale_hook
-from clockq.jobs.models import ControlState
 from clockq.policy import control as rules
 
 log = logging.getLogger("clockq.scale")

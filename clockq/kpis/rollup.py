@@ -39,7 +39,8 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from clockq.bus import heartbeat
-from clockq.jobs.models import GpuHour, GpuMinute, Job, JobEvent, KpiHour, KpiMinute, QueueTier, Slice
+from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
+from clockq.kpis.models import GpuHour, GpuMinute, KpiHour, KpiMinute
 from clockq.policy.kpis import WAIT_BUCKETS_MS, Totals, floor_minute, minute_shares, wait_bucket
 from clockq.policy.service_levels import finished_on_time
 from clockq.policy.slicing import SliceOutcome

@@ -9,8 +9,10 @@ import pytest
 from django.utils import timezone
 
 from clockq.bus import dispatch
-from clockq.jobs import control, services
-from clockq.jobs.models import ControlDecision, ControlState, Job
+from clockq.control_state import control
+from clockq.control_state.models import ControlDecision, ControlState
+from clockq.jobs import services
+from clockq.jobs.models import Job
 from tests.helpers import submit
 
 pytestmark = pytest.mark.django_db

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from clockq.jobs.models import Forecast, MetricSample, ModelVersion
+from clockq.forecasting.models import Forecast, MetricSample, ModelVersion
 
 FEATURE_FIELDS = ("cpu", "gpu_util", "memory")
 TARGET_FIELD = "load_index"

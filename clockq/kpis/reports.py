@@ -1,4 +1,4 @@
-"""KPIs over a time window, read from the rollup tables (clockq/jobs/kpi_rollup.py), never from
+"""KPIs over a time window, read from the rollup tables (clockq/kpis/rollup.py), never from
 every Slice. /api/kpis serves summary(); the dashboard draws series().
 
 Windows are whole minutes: `since` is rounded down and `until` up to a minute, and the answer
@@ -16,8 +16,9 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Max, Sum
 
-from clockq.jobs.kpi_rollup import HOUR, MINUTE, SUMS, floor_hour, rollup, totals_of
-from clockq.jobs.models import GpuHour, GpuMinute, KpiHour, KpiMinute, QueueTier
+from clockq.jobs.models import QueueTier
+from clockq.kpis.models import GpuHour, GpuMinute, KpiHour, KpiMinute
+from clockq.kpis.rollup import HOUR, MINUTE, SUMS, floor_hour, rollup, totals_of
 from clockq.policy.kpis import MINUTE_MS, Totals, ceil_minute, floor_minute, ratio, report
 
 __all__ = ["rollup", "series", "summary"]

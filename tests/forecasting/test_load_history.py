@@ -17,8 +17,9 @@ from redis.retry import Retry
 from clockq.bus import heartbeat
 from clockq.bus.client import client as broker
 from clockq.bus.gpu_samples import GpuSample, publish
-from clockq.jobs import load_history
-from clockq.jobs.models import Job, MetricSample
+from clockq.forecasting import load_history
+from clockq.forecasting.models import MetricSample
+from clockq.jobs.models import Job
 from clockq.jobs.periodic import LOAD_SAMPLE, ensure_periodic_tasks
 from tests.harness import ROOT, free_port
 from tests.helpers import submit
@@ -111,7 +112,7 @@ def test_a_second_sample_in_the_same_second_replaces_the_first(alice):
 def test_without_the_broker_no_sample_is_recorded(monkeypatch):
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     monkeypatch.setattr("clockq.bus.heartbeat.client", lambda: dead)
-    monkeypatch.setattr("clockq.jobs.load_history.client", lambda: dead)
+    monkeypatch.setattr("clockq.forecasting.load_history.client", lambda: dead)
 
     with pytest.raises(redis.RedisError):
         load_history.record_sample(NOW)

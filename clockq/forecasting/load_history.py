@@ -27,7 +27,8 @@ from django.utils import timezone
 
 from clockq.bus import gpu_samples, heartbeat
 from clockq.bus.client import client
-from clockq.jobs.models import Job, MetricSample, QueueTier
+from clockq.forecasting.models import MetricSample
+from clockq.jobs.models import Job, QueueTier
 from clockq.policy import load
 from clockq.policy.states import JobState
 

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class KpisConfig(AppConfig):
+    name = "clockq.kpis"
+    label = "kpis"
+    verbose_name = "clockq KPIs"
