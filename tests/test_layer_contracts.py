@@ -1,0 +1,61 @@
+"""The import contracts in pyproject.toml catch what they promise to: in a copy of the tree, one
+bad import is planted for each contract, and import-linter must report every contract broken,
+each by its own plant."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from tests.harness import ROOT
+
+PACKAGES = ("clockq", "webapp", "workers", "control", "predictor")
+
+# contract name (its first words) -> (file to plant the import in, the import, module it is charged to)
+PLANTS = {
+    "Clients over one core": ("workers/planted.py", "import webapp.views", "workers.planted"),
+    "The rest of clockq imports no client": ("clockq/stack/planted.py", "import control.tasks", "clockq.stack.planted"),
+    "The policy is pure": ("clockq/policy/planted.py", "import django.db", "clockq.policy.planted"),
+    "The trace replay runs the pure policy only": (
+        "clockq/replay/planted.py",
+        "import clockq.jobs.models",
+        "clockq.replay.planted",
+    ),
+    "Only workloads and the predictor import TensorFlow": ("webapp/planted.py", "import tensorflow", "webapp.planted"),
+    "The predictor's series code is pure": ("predictor/series.py", "import keras", "predictor.series"),
+    "Only workers import NVML": ("control/planted.py", "import pynvml", "control.planted"),
+}
+
+
+def contracts() -> list[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return [c["name"] for c in config["tool"]["importlinter"]["contracts"]]
+
+
+def test_every_contract_has_a_plant():
+    names = contracts()
+    assert len(names) == len(PLANTS)
+    for name in names:
+        assert any(name.startswith(start) for start in PLANTS), f"no bad import planted for {name!r}"
+
+
+def test_each_planted_import_breaks_its_contract(tmp_path):
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    for path, line, _module in PLANTS.values():
+        with open(tmp_path / path, "a") as f:
+            f.write(f"\n{line}  # planted\n")
+
+    lint = Path(sys.executable).with_name("lint-imports")
+    run = subprocess.run([lint, "--no-cache"], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, capture_output=True)
+    report = run.stdout.decode()
+    assert run.returncode == 1, report
+    broken = report.split("Broken contracts", 1)[1]
+    for start, (_path, line, module) in PLANTS.items():
+        section = broken.split(start, 1)[1].split("\n\n\n", 1)[0] if start in broken else ""
+        assert module in section and line.split()[-1].split(".")[0] in section, f"{start!r} missed {line!r}:\n{report}"
+    assert "0 kept" in report, report
