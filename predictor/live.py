@@ -41,7 +41,7 @@ from clockq.control_state import control, scale_hook
 from clockq.forecasting import forecasts
 from clockq.forecasting.models import ModelVersion
 from clockq.policy.load import CAP
-from predictor.evaluation import FRACTIONS, MIN_PART, metrics, select_champion, split_windows
+from predictor.evaluation import FRACTIONS, MIN_PART, Split, metrics, select_champion, split_windows
 from predictor.series import WINDOW, Scaler, SeriesError, Windows, horizon_steps, make_windows
 
 log = logging.getLogger("clockq.predictor")
@@ -135,77 +135,19 @@ class ServedLinear:
 def train(now: datetime | None = None) -> dict[str, Any]:
     """One training run (see the module's docstring). Returns a report: `trained` and, when not,
     `reason`; else the chosen model, the validation and test metrics and the ModelVersion ids."""
-    from predictor.forecasters import Linear, Lstm, Persistence, save_model
-
     started = time.perf_counter()
-    try:
-        n_steps = steps()
-    except SeriesError as exc:
-        return _skipped(f"cannot forecast 15 min ahead at this sample interval: {exc}")
-    history = forecasts.training_history(now=now)
-    needed = required_samples(n_steps)
-    if len(history) < needed:
-        return _skipped(f"only {len(history)} samples of history, {needed} needed")
-    windows = history_windows(history, n_steps)
-    if windows is None:
-        return _skipped(f"no gap-free run of {WINDOW + n_steps} samples in the history")
-    try:
-        split = split_windows(windows, n_steps)
-    except SeriesError as exc:
-        return _skipped(str(exc))
-
-    directory = Path(settings.CLOCKQ_MODEL_DIR)
-    persistence, linear = Persistence(), Linear()
-    linear.fit(split.train, split.val)
-    lstm = Lstm(seed=SEED, max_seconds=settings.CLOCKQ_TRAIN_BUDGET_S)
-    lstm_error = ""
-    try:
-        lstm.fit(split.train, split.val)
-    except Exception as exc:  # a broken fit must not cost the linear model and the baseline
-        log.exception("train predictor: the LSTM failed to train")
-        lstm_error = f"the LSTM failed to train: {exc}"
-    fitted: dict[str, Any] = {"persistence": persistence, "linear": linear}
-    if not lstm_error:
-        fitted["lstm"] = lstm
+    data = _training_data(now)
+    if isinstance(data, str):
+        return _skipped(data)
+    history, split = data
+    fitted, lstm_error = _fit(split)
     val = {name: metrics(model.predict(split.val), split.val.future) for name, model in fitted.items()}
     test = {name: metrics(model.predict(split.test), split.test.future) for name, model in fitted.items()}
     chosen = select_champion({name: m["mae"] for name, m in val.items()})
     seconds = time.perf_counter() - started
-
-    common = dict(
-        train_windows=len(split.train),
-        validation_windows=len(split.val),
-        test_windows=len(split.test),
-        samples=len(history),
-        persistence_mae=val["persistence"]["mae"],
-        linear_mae=val["linear"]["mae"],
-        test_metrics=test,
-        training_seconds=round(seconds, 3),
+    rows = _model_versions(
+        fitted, lstm_error, split=split, val=val, test=test, chosen=chosen, samples=len(history), seconds=seconds
     )
-    rows = [
-        ModelVersion(
-            kind="linear", path=str(save_linear(linear, directory)), validation_mae=val["linear"]["mae"], **common
-        )
-    ]
-    if lstm_error:
-        rows[0].notes = lstm_error
-    else:
-        _version, path = save_model(
-            lstm,
-            directory,
-            metadata={"validation": val, "test": test, "chosen": chosen, "samples": len(history)},
-        )
-        rows.append(
-            ModelVersion(
-                kind="lstm",
-                path=str(path),
-                validation_mae=val["lstm"]["mae"],
-                notes=f"{lstm.epochs_run} epochs"
-                + (" (stopped by the time budget)" if lstm.stopped_by_budget else "")
-                + f", LSTM fit {lstm.train_seconds:.1f} s",
-                **common,
-            )
-        )
     winner = forecasts.record_models(rows, chosen)
     log.info(
         "train predictor: %s samples, validation MAE persistence %.4f linear %.4f lstm %s; champion %s (%.1f s)",
@@ -226,6 +168,100 @@ def train(now: datetime | None = None) -> dict[str, Any]:
         "samples": len(history),
         "seconds": round(seconds, 3),
     }
+
+
+def _training_data(now: datetime | None) -> tuple[forecasts.History, Split] | str:
+    """The history and its windows split into train, validation and test; or why there are none."""
+    try:
+        n_steps = steps()
+    except SeriesError as exc:
+        return f"cannot forecast 15 min ahead at this sample interval: {exc}"
+    history = forecasts.training_history(now=now)
+    needed = required_samples(n_steps)
+    if len(history) < needed:
+        return f"only {len(history)} samples of history, {needed} needed"
+    windows = history_windows(history, n_steps)
+    if windows is None:
+        return f"no gap-free run of {WINDOW + n_steps} samples in the history"
+    try:
+        return history, split_windows(windows, n_steps)
+    except SeriesError as exc:
+        return str(exc)
+
+
+def _fit(split: Split) -> tuple[dict[str, Any], str]:
+    """The baseline, the linear model and the LSTM, fitted; the LSTM left out, and why, if its fit failed."""
+    from predictor.forecasters import Linear, Lstm, Persistence
+
+    persistence, linear = Persistence(), Linear()
+    linear.fit(split.train, split.val)
+    lstm = Lstm(seed=SEED, max_seconds=settings.CLOCKQ_TRAIN_BUDGET_S)
+    lstm_error = ""
+    try:
+        lstm.fit(split.train, split.val)
+    except Exception as exc:  # a broken fit must not cost the linear model and the baseline
+        log.exception("train predictor: the LSTM failed to train")
+        lstm_error = f"the LSTM failed to train: {exc}"
+    fitted: dict[str, Any] = {"persistence": persistence, "linear": linear}
+    if not lstm_error:
+        fitted["lstm"] = lstm
+    return fitted, lstm_error
+
+
+def _model_versions(
+    fitted: dict[str, Any],
+    lstm_error: str,
+    *,
+    split: Split,
+    val: dict[str, Any],
+    test: dict[str, Any],
+    chosen: str,
+    samples: int,
+    seconds: float,
+) -> list[ModelVersion]:
+    """The linear model and the LSTM (unless it failed) saved to files, as unsaved ModelVersion rows."""
+    from predictor.forecasters import save_model
+
+    directory = Path(settings.CLOCKQ_MODEL_DIR)
+    common = dict(
+        train_windows=len(split.train),
+        validation_windows=len(split.val),
+        test_windows=len(split.test),
+        samples=samples,
+        persistence_mae=val["persistence"]["mae"],
+        linear_mae=val["linear"]["mae"],
+        test_metrics=test,
+        training_seconds=round(seconds, 3),
+    )
+    rows = [
+        ModelVersion(
+            kind="linear",
+            path=str(save_linear(fitted["linear"], directory)),
+            validation_mae=val["linear"]["mae"],
+            **common,
+        )
+    ]
+    if lstm_error:
+        rows[0].notes = lstm_error
+        return rows
+    lstm = fitted["lstm"]
+    _version, path = save_model(
+        lstm,
+        directory,
+        metadata={"validation": val, "test": test, "chosen": chosen, "samples": samples},
+    )
+    rows.append(
+        ModelVersion(
+            kind="lstm",
+            path=str(path),
+            validation_mae=val["lstm"]["mae"],
+            notes=f"{lstm.epochs_run} epochs"
+            + (" (stopped by the time budget)" if lstm.stopped_by_budget else "")
+            + f", LSTM fit {lstm.train_seconds:.1f} s",
+            **common,
+        )
+    )
+    return rows
 
 
 def _skipped(reason: str) -> dict[str, Any]:

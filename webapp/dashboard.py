@@ -326,24 +326,7 @@ def slice_timeline(*, since: datetime, until: datetime, cap: int = SLICE_CAP) ->
     ran_in, preempted = _slices_marked_by(rows, events)
     bars = _bars(rows, ran_in, preempted)
     gpu_of = {r["worker"]: r["gpu_index"] for r in rows}
-    for job in running:
-        bars.append(
-            {
-                "worker": job["worker"],
-                "gpu": gpu_of.get(job["worker"]),
-                "job": job["id"],
-                "name": job["name"],
-                "tier": job["original_tier__code"],
-                "ran_in": job["tier__code"],
-                "start": _ts(max(job["slice_started_at"], since)),
-                "end": _ts(until),
-                "ms": max(0, round((until - max(job["slice_started_at"], since)).total_seconds() * 1000)),
-                "slices": 1,
-                "outcome": "running",
-                "preempted": False,
-                "promoted": job["tier__code"] != job["original_tier__code"],
-            }
-        )
+    bars += [_running_bar(job, gpu_of.get(job["worker"]), since=since, until=until) for job in running]
     workers = sorted({b["worker"] for b in bars}, key=lambda w: (gpu_of.get(w) is None, w))
     return {
         "since": _ts(since),
@@ -364,6 +347,26 @@ def slice_timeline(*, since: datetime, until: datetime, cap: int = SLICE_CAP) ->
             if e["reason"].startswith(PROMOTION_PREFIXES) and since <= e["at"] <= until
         ],
         "truncated": truncated,
+    }
+
+
+def _running_bar(job: dict[str, Any], gpu: int | None, *, since: datetime, until: datetime) -> dict[str, Any]:
+    """A slice still running: a bar from its start (or `since`) to `until`."""
+    start = max(job["slice_started_at"], since)
+    return {
+        "worker": job["worker"],
+        "gpu": gpu,
+        "job": job["id"],
+        "name": job["name"],
+        "tier": job["original_tier__code"],
+        "ran_in": job["tier__code"],
+        "start": _ts(start),
+        "end": _ts(until),
+        "ms": max(0, round((until - start).total_seconds() * 1000)),
+        "slices": 1,
+        "outcome": "running",
+        "preempted": False,
+        "promoted": job["tier__code"] != job["original_tier__code"],
     }
 
 

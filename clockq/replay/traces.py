@@ -321,29 +321,69 @@ def load(
         seen[job.key] = row.line
         if job.note:
             notes[job.note] += 1
-        duration_s = job.duration / duration_scale
-        if job.deadline_after_submit is not None:
-            deadline_s: float | None = submit_s + job.deadline_after_submit / duration_scale
-        else:
-            wait_ms = by_code[job.tier].wait_target_ms
-            deadline_s = None if wait_ms is None else submit_s + wait_ms / 1000 + slack * duration_s
+        wait_ms = by_code[job.tier].wait_target_ms
         jobs.append(
-            TraceJob(
-                key=job.key,
+            _trace_job(
+                job,
                 line=row.line,
                 submit_s=submit_s,
-                duration_s=duration_s,
-                num_gpu=job.num_gpu,
-                tier=job.tier,
-                deadline_s=deadline_s,
-                checkpoint_mb=job.checkpoint_mb,
-                avg_util=job.avg_util,
+                duration_scale=duration_scale,
+                slack=slack,
+                wait_target_ms=wait_ms,
             )
         )
     if not jobs:
         reason = f" (only rows submitted before until_s={until_s:g} s were read)" if until_s is not None else ""
         raise TraceError(path, None, None, f"no GPU job to replay{reason}; skipped: {dict(skipped) or 'none'}")
+    mapping = _mapping(
+        fmt,
+        notes=notes,
+        arrival_scale=arrival_scale,
+        duration_scale=duration_scale,
+        until_s=until_s,
+        slack=slack,
+        checkpoint_mb=checkpoint_mb,
+    )
+    # Reading in file order already sorts by submit time: out-of-order rows were refused above.
+    return Trace(name=os.path.basename(path), jobs=jobs, skipped=dict(skipped), mapping=mapping)
 
+
+def _trace_job(
+    job: _Job, *, line: int, submit_s: float, duration_scale: float, slack: float, wait_target_ms: int | None
+) -> TraceJob:
+    """A parsed row in scaled trace seconds, with its deadline: the trace's own, else submit + its
+    tier's wait target + slack * duration, else (a best-effort tier) none."""
+    duration_s = job.duration / duration_scale
+    if job.deadline_after_submit is not None:
+        deadline_s: float | None = submit_s + job.deadline_after_submit / duration_scale
+    elif wait_target_ms is not None:
+        deadline_s = submit_s + wait_target_ms / 1000 + slack * duration_s
+    else:
+        deadline_s = None
+    return TraceJob(
+        key=job.key,
+        line=line,
+        submit_s=submit_s,
+        duration_s=duration_s,
+        num_gpu=job.num_gpu,
+        tier=job.tier,
+        deadline_s=deadline_s,
+        checkpoint_mb=job.checkpoint_mb,
+        avg_util=job.avg_util,
+    )
+
+
+def _mapping(
+    fmt: str,
+    *,
+    notes: Counter[str],
+    arrival_scale: float,
+    duration_scale: float,
+    until_s: float | None,
+    slack: float,
+    checkpoint_mb: float,
+) -> list[str]:
+    """How rows became jobs, tiers, times and deadlines, in words, stated with every result."""
     mapping = {"alibaba": ALIBABA_MAPPING, "tiresias": TIRESIAS_MAPPING, "csv": CSV_MAPPING}[fmt]
     if fmt == "alibaba":
         mapping = [*mapping, f"checkpoint_mb = {checkpoint_mb:g} for every job: the trace says nothing of state size"]
@@ -356,8 +396,7 @@ def load(
     ]
     if until_s is not None:
         mapping.append(f"only jobs submitted before {until_s:g} s (scaled) were read")
-    # Reading in file order already sorts by submit time: out-of-order rows were refused above.
-    return Trace(name=os.path.basename(path), jobs=jobs, skipped=dict(skipped), mapping=mapping)
+    return mapping
 
 
 def check_fits(trace: Trace, gpus: int, path: str) -> None:

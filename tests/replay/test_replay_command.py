@@ -92,3 +92,9 @@ def test_bad_options_are_refused(tmp_path, args, message):
 def test_a_missing_file_is_refused(tmp_path):
     with pytest.raises(CommandError, match=r"nothing\.csv"):
         replay(str(tmp_path / "nothing.csv"), "--format", "csv", "--gpus", "2")
+
+
+def test_a_live_replay_is_pointed_to_the_bench_script(tmp_path):
+    path = write(tmp_path, "submit_time,duration,num_gpu,tier\n0,10,1,SP\n")
+    with pytest.raises(CommandError, match=r"--live, --compress: live replays moved to bench/replay_live\.py"):
+        replay(path, "--format", "csv", "--gpus", "2", "--live", "http://127.0.0.1:8000", "--compress", "25")

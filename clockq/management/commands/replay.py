@@ -1,8 +1,10 @@
 """python manage.py replay TRACE: replay a job trace under fifo, priority, las and clockq's policy,
-side by side (clockq/replay). Needs no database, broker or worker: the simulator is pure Python."""
+side by side (clockq/replay). Needs no database, broker or worker: the simulator is pure Python.
+Replaying a trace on a running clockq, against the simulator, is a client's job: bench/replay_live.py."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -13,6 +15,8 @@ from clockq.replay import report, traces
 from clockq.replay.engine import Config, SwitchCost
 from clockq.replay.model import TraceError
 from clockq.replay.policies import POLICIES, replay
+
+LIVE_FLAGS = ("--live", "--compress", "--live-step-ms", "--live-state-kb", "--live-timeout", "--live-kpi-wait")
 
 
 def _number(text: str, *, minimum: float = 0.0) -> float:
@@ -71,20 +75,17 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
         parser.add_argument("--plot", default=None, help="wait CDFs per policy and tier: out.html or out.png")
         parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-        parser.add_argument(
-            "--live",
-            default=None,
-            metavar="URL",
-            help="submit the trace to the clockq at URL as synthetic jobs (API token in CLOCKQ_API_TOKEN) and "
-            "compare with the simulator's replay of the same jobs (clockq/replay/live.py)",
-        )
-        parser.add_argument("--compress", default="1", help="live mode: divide arrivals and run times by this")
-        parser.add_argument("--live-step-ms", default="20", help="live mode: a synthetic step, ms (default 20)")
-        parser.add_argument("--live-state-kb", type=int, default=1024, help="live mode: cap on a job's state, KB")
-        parser.add_argument("--live-timeout", default=None, help="live mode: give up after (default 60s + 2 x sim)")
-        parser.add_argument("--live-kpi-wait", default=None, help="live mode: wait for the KPI rollup (90s covers it)")
+        # Live replays drive a running clockq through its API, as a client: bench/replay_live.py.
+        for flag in LIVE_FLAGS:
+            parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
 
     def handle(self, *args, **o):
+        live = [flag for flag in LIVE_FLAGS if o[flag.lstrip("-").replace("-", "_")] is not None]
+        if live:
+            raise CommandError(
+                f"{', '.join(live)}: live replays moved to bench/replay_live.py (same trace options, --url URL, "
+                "--compress, --step-ms, --state-kb, --timeout, --kpi-wait); this command runs the simulator only"
+            )
         try:
             policies = [p.strip() for p in o["policy"].split(",") if p.strip()]
             unknown = [p for p in policies if p not in POLICIES]
@@ -115,13 +116,9 @@ class Command(BaseCommand):
                 slack=_option("slack", _number, o["slack"]),
                 checkpoint_mb=_option("checkpoint-mb", _number, o["checkpoint_mb"]),
             )
-            if not o["live"]:  # live mode runs every job on one GPU
-                traces.check_fits(trace, o["gpus"], o["trace"])
+            traces.check_fits(trace, o["gpus"], o["trace"])
         except (TraceError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        if o["live"]:
-            self._live(trace, config, o)
-            return
         runs = [replay(trace, policy, config) for policy in policies]
         summaries = [report.summarize(run) for run in runs]
         if o["json"]:
@@ -133,26 +130,6 @@ class Command(BaseCommand):
         if o["plot"]:
             report.plot(runs, o["plot"])
             self.stderr.write(f"wrote {o['plot']}")
-
-    def _live(self, trace, config, o) -> None:
-        from clockq.replay import live
-
-        try:
-            result = live.run_live(
-                trace,
-                url=o["live"],
-                token=live.token_from_env(),
-                config=config,
-                compress=_option("compress", _positive, o["compress"]),
-                step_ms=_option("live-step-ms", _positive, o["live_step_ms"]),
-                state_kb_cap=o["live_state_kb"],
-                timeout_s=_option("live-timeout", _seconds, o["live_timeout"]) if o["live_timeout"] else None,
-                kpi_wait_s=_option("live-kpi-wait", _seconds, o["live_kpi_wait"]) if o["live_kpi_wait"] else 0.0,
-                progress=None if o["quiet"] else self.stderr.write,
-            )
-        except (live.LiveError, ValueError) as exc:
-            raise CommandError(str(exc)) from exc
-        self.stdout.write(json.dumps(result, indent=2) if o["json"] else live.render(result))
 
     def _progress(self, p: dict) -> None:
         sys.stderr.write(

@@ -1,8 +1,8 @@
-"""Live mode (clockq/replay/live.py): the simulator against reality.
+"""The live replay (bench/live_replay, run by bench/replay_live.py): the simulator against reality.
 
 The end-to-end test runs a small fixed trace on real workers: a private redis-server, two GPU
 worker processes with simulated GPUs (`manage.py gpuworkers`), and the web API on a real HTTP
-port (pytest-django's live server), reached with a knox token as `replay --live` reaches it.
+port (pytest-django's live server), reached with a knox token as bench/replay_live.py reaches it.
 Beat is not started: the trace's longest wait (about 4 s) is far from the three skipped 10 s
 rounds that promote an SP job, so neither side promotes, and deadlines are dropped in live mode.
 
@@ -25,13 +25,15 @@ victim draw (live, jobs ran 15-20 % longer here).
 
 from __future__ import annotations
 
+import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from bench import live_replay as live
 from clockq.jobs import workloads
-from clockq.replay import live, traces
+from clockq.replay import traces
 from clockq.replay.engine import Config
 from clockq.replay.model import JobResult, RunResult, Trace, TraceJob
 
@@ -273,6 +275,22 @@ def test_the_token_comes_from_the_environment_and_the_url_must_be_http():
     with pytest.raises(live.LiveError, match="http"):
         live.Client("file:///etc/passwd", "abc")
     assert live.Client("http://h:8000/", "abc").session.headers["Authorization"] == "Token abc"
+
+
+def test_the_script_refuses_a_run_without_a_token_before_it_submits_anything(monkeypatch):
+    from bench import replay_live
+
+    # A port bound but not listening: connecting to it is refused at once.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        args = [str(FIXTURE), "--format", "csv", "--gpus", "2", "--url", url, "--quiet"]
+        monkeypatch.delenv("CLOCKQ_API_TOKEN", raising=False)
+        with pytest.raises(SystemExit, match="CLOCKQ_API_TOKEN"):
+            replay_live.main(args)
+        monkeypatch.setenv("CLOCKQ_API_TOKEN", "abc")
+        with pytest.raises(SystemExit, match="cannot connect"):
+            replay_live.main(args)
 
 
 # --- end to end, on real workers ---------------------------------------------------------------
