@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,27 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+class WatchedEvent(threading.Event):
+    """A threading.Event that tells when a thread starts waiting on it (`waited`, and
+    `on_wait()` called) and whether a wait ran out (`timed_out`): put in place of an event the
+    code waits on, it shows the code got there, with no sleep to give it time."""
+
+    def __init__(self, on_wait: Callable[[], object] | None = None):
+        super().__init__()
+        self.waited = threading.Event()
+        self.timed_out = threading.Event()
+        self.on_wait = on_wait
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waited.set()
+        if self.on_wait is not None:
+            self.on_wait()
+        done = super().wait(timeout)
+        if not done:
+            self.timed_out.set()
+        return done
 
 
 def die_with_parent() -> None:
@@ -253,9 +275,10 @@ class Beat:
     """Celery beat on django-celery-beat's DatabaseScheduler, and the control worker that runs
     its tasks: the real processes `make run` starts, on the test's database and broker."""
 
-    def __init__(self, env: dict[str, str], workdir: Path):
+    def __init__(self, env: dict[str, str], workdir: Path, loglevel: str = "INFO"):
         self.env = env
         self.workdir = workdir
+        self.loglevel = loglevel  # DEBUG: beat logs each look at its schedule ("beat: Waking up")
         self.procs: list[subprocess.Popen] = []
         self.log_path = workdir / "beat.log"
 
@@ -264,7 +287,7 @@ class Beat:
 
         env = {**os.environ, **self.env, "REDIS_URL": redis_url}
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        beat = [sys.executable, "-m", "celery", "-A", "clockq", "beat", "--loglevel", "INFO"]
+        beat = [sys.executable, "-m", "celery", "-A", "clockq", "beat", "--loglevel", self.loglevel]
         # --max-interval: how often beat looks at the table for edits (DatabaseScheduler: 5 s).
         beat += ["--scheduler", "django_celery_beat.schedulers:DatabaseScheduler", "--max-interval", "1"]
         beat += ["--pidfile", str(self.workdir / "beat.pid"), "--schedule", str(self.workdir / "beat-schedule")]
@@ -281,6 +304,9 @@ class Beat:
                 )
             )
         return self
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -42,13 +42,17 @@ def test_lstm_tracks_a_learnable_signal_better_than_persistence(trained):
     assert 1 <= lstm.epochs_run <= 25
 
 
-def test_serving_call_matches_batch_forecasts_and_is_fast(trained):
+def test_serving_call_matches_batch_forecasts_and_is_traced_once(trained, monkeypatch):
+    """Fast because it is compiled: `model.predict`, which builds a data pipeline on every call,
+    is never used, and the call is traced once for any batch size, not at each forecast."""
     lstm, split = trained
+    monkeypatch.setattr(lstm.model, "predict", lambda *a, **k: pytest.fail("served through model.predict"))
     batch = lstm.predict(split.test.take(0, 5))
     one = [lstm.forecast(split.test.x[i], float(split.test.now[i])) for i in range(5)]
     assert np.allclose(batch, one, atol=1e-5)
     latency = forecast_latency_ms(lstm, split.test.x[0], float(split.test.now[0]), repeats=50)
-    assert latency["median"] < 50  # the goal is 5 ms; a loaded test machine gets slack
+    assert 0 < latency["median"] <= latency["p95"]
+    assert lstm._call.experimental_get_tracing_count() == 1
 
 
 def test_save_and_load_versioned_files(trained, tmp_path):

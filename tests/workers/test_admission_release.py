@@ -4,12 +4,15 @@ held, untouched by the worker, and run to success once it reopens; nothing is lo
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
+from clockq.bus import queues
+from clockq.bus.client import client as broker
 from clockq.control_state import control
 from clockq.jobs.models import Job
+from clockq.policy.tiers import QUEUES_IN_ORDER
+from tests.harness import wait_for
 from tests.helpers import submit, token_auth, wait_finished
 
 pytestmark = pytest.mark.integration
@@ -29,9 +32,11 @@ def test_held_for_admission_jobs_run_to_success_after_reopening(start_workers, c
     held = [Job.objects.get(pk=response.json()["id"]), submit(alice, "BK", "bk-job", **PARAMS)]
     rt = submit(alice, "RT", "inference", **PARAMS)
 
-    # The RT job runs while admission is closed; the held jobs are not touched.
+    # The RT job runs while admission is closed; the held jobs are not touched: once the
+    # worker has acknowledged the RT job, the broker holds no message it could take for them.
     assert wait_finished(rt)[0].state == "succeeded"
-    time.sleep(0.5)
+    wait_for(lambda: broker().hlen(queues.UNACKED_KEY) == 0, 30, what="the RT job's message to be acknowledged")
+    assert [m for q in QUEUES_IN_ORDER for m in queues.queued_messages(q)] == []
     for job in Job.objects.filter(pk__in=[j.pk for j in held]):
         assert (job.state, job.held_for_admission, job.slice_count) == ("held", True, 0)
 

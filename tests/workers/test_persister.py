@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from clockq.jobs.checkpoints import CheckpointStore, StorageError, checkpoint_name
-from tests.harness import wait_for
+from tests.harness import WatchedEvent, wait_for
 from workers.persister import Persist, Persister, SnapshotMemory
 
 MB = 2**20
@@ -194,13 +193,21 @@ def test_a_persist_in_flight_is_marked_in_redis_until_written(store, monkeypatch
     persister = Persister(store, memory, on_failure=print, on_written=list, marks=Marks(client, "gpu0@here"))
     name = checkpoint_name(3, CLAIM)
     assert persister.mark(7, name)
+    first_expiry = redis_now(client()) + persists.TTL_S  # the mark was set before: it expires sooner
     persister.submit(Persist(7, name, memory.take(bytearray(10)), (name,)))
-    time.sleep(1.5)  # past the TTL: only the refreshing keeps the mark
+    # Redis's own clock past the first mark's expiry: only the refreshing keeps the mark.
+    wait_for(lambda: redis_now(client()) > first_expiry, 10, what="the first mark's TTL to run out")
     assert persists.writer_of(client(), 7, name) == "gpu0@here"
     store.gate.set()
     assert persister.flush(timeout=10)
     assert store.path(7, name).exists()
     assert persists.writer_of(client(), 7, name) is None
+
+
+def redis_now(r) -> float:
+    """The Redis server's clock, by which its keys expire."""
+    seconds, micros = r.time()
+    return seconds + micros / 1e6
 
 
 def test_a_marked_checkpoint_that_is_never_submitted_is_unmarked():
@@ -233,15 +240,16 @@ def test_a_parked_workloads_snapshot_is_copied_in_the_background_and_settled_bef
     memory = GatedCopies(10 * MB)
     persister = _persister(store, memory)
     live = bytearray(b"a" * 1000)
-    started = time.monotonic()
     snapshot = memory.take([b"head", live], background=True)
-    assert time.monotonic() - started < 0.5  # the GPU's thread did not wait for the copy
+    assert not snapshot._copied.is_set()  # the GPU's thread did not wait for the copy, held at the gate
+    copied = snapshot._copied = WatchedEvent()  # the copy sets it once made
     name = checkpoint_name(5, CLAIM)
     persister.submit(Persist(7, name, snapshot, (name,)))
 
     settled = threading.Event()
     threading.Thread(target=lambda: (persister.settle(7), settled.set()), daemon=True).start()
-    assert not settled.wait(0.3)  # the workload may not change yet: its copy is still to come
+    assert copied.waited.wait(10)  # settle waits for the copy ...
+    assert not settled.is_set()  # ... so the workload may not change yet
     memory.gate.set()
     assert settled.wait(10)
     live[:] = b"b" * 1000  # the job runs again: its next step changes the live state
@@ -255,7 +263,7 @@ def test_a_parked_workloads_snapshot_is_copied_in_the_background_and_settled_bef
 def test_a_background_copy_is_finished_before_its_memory_is_given_back():
     memory = GatedCopies(10 * MB)
     snapshot = memory.take([bytearray(b"x" * 100)], background=True)
-    threading.Timer(0.2, memory.gate.set).start()
+    snapshot._copied = WatchedEvent(on_wait=memory.gate.set)  # the copy goes ahead once it is waited for
     memory.release(snapshot)  # a discarded snapshot: waits for its copy, then frees the buffer
     assert memory.gate.is_set() and memory.in_flight == 0
 
@@ -264,23 +272,25 @@ def test_writes_wait_while_a_switch_is_under_way_and_no_longer_than_the_cap(tmp_
     memory = SnapshotMemory(10 * MB)
     persister = _persister(CheckpointStore(tmp_path), memory)
     name = checkpoint_name(1, CLAIM)
-    monkeypatch.setattr("workers.persister.SWITCH_QUIET_S", 5.0)
+    monkeypatch.setattr("workers.persister.SWITCH_QUIET_S", 60.0)
+    switch_done = persister._switch_done = WatchedEvent()
+    switch_done.set()
 
     persister.pause()  # a job yielded; the next one has not started yet
     persister.submit(Persist(7, name, memory.take([b"state"]), (name,)))
-    time.sleep(0.03)
+    assert switch_done.waited.wait(10)  # the writer took it, and waits for the switch
     assert persister.pending(7, name) == b"state"  # held back
     persister.resume()  # the next job's first step
     wait_for(lambda: persister.pending(7, name) is None, 10)
+    assert not switch_done.timed_out.is_set()  # written for the resume, not for the cap
 
     # No next job: the write goes ahead after SWITCH_QUIET_S anyway.
     monkeypatch.setattr("workers.persister.SWITCH_QUIET_S", 0.05)
     later = checkpoint_name(2, CLAIM)
     persister.pause()
-    started = time.monotonic()
     persister.submit(Persist(7, later, memory.take([b"later"]), (later, name)))
     wait_for(lambda: persister.pending(7, later) is None, 10)
-    assert time.monotonic() - started >= 0.04
+    assert switch_done.timed_out.is_set() and not switch_done.is_set()  # the cap ran out mid-switch
     assert CheckpointStore(tmp_path).read(7, later) == b"later"
 
 

@@ -4,9 +4,6 @@ queue as it was."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 from django.test import override_settings
 
@@ -18,6 +15,7 @@ from tests.harness import program_python
 from tests.helpers import submit
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
+from workers.workloads import command
 from workers.workloads.synthetic import SyntheticWorkload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,8 +28,10 @@ def _checkpointed_elsewhere(alice) -> tuple[Job, str]:
     worker, gpu9@elsewhere, is still writing; generation 1 is on disk."""
     job = submit(alice, "SP", "big", steps=400, step_ms=1, state_kb=64)
     rival = submit(alice, "SP", "rival", steps=1)  # waits, so `job` yields at its first boundary
+    there = Runtime(WorkerIdentity("gpu1@test", 1))
     with override_settings(CLOCKQ_OVERHEAD_BUDGET=0):
-        assert run_dispatch(job.pk, job.dispatch_token, Runtime(WorkerIdentity("gpu1@test", 1))) == RunOutcome.YIELDED
+        assert run_dispatch(job.pk, job.dispatch_token, there) == RunOutcome.YIELDED
+    assert there.persister.flush(timeout=30)  # generation 1 is written in the background
     Job.objects.filter(pk=rival.pk).update(state="cancelled")
     job = Job.objects.get(pk=job.pk)
     (first,) = job.checkpoint_files
@@ -41,7 +41,19 @@ def _checkpointed_elsewhere(alice) -> tuple[Job, str]:
     return Job.objects.get(pk=job.pk), first
 
 
-def test_a_restore_waiting_for_a_persist_makes_way_for_an_rt_job(alice):
+def when_asked_for_the_writer_of(name: str, then, monkeypatch) -> None:
+    """Call `then()` once a worker asks who writes checkpoint `name`: it waits for that persist."""
+    writer_of = persists.writer_of
+
+    def asked(r, job_id, asked_name):
+        if asked_name == name:
+            then()
+        return writer_of(r, job_id, asked_name)
+
+    monkeypatch.setattr(persists, "writer_of", asked)
+
+
+def test_a_restore_waiting_for_a_persist_makes_way_for_an_rt_job(alice, monkeypatch):
     job, _first = _checkpointed_elsewhere(alice)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
     assert signals.wait_until_listening(5)
@@ -49,14 +61,15 @@ def test_a_restore_waiting_for_a_persist_makes_way_for_an_rt_job(alice):
     # Have the signal reach the worker only once it waits for generation 2.
     assert here.interrupts.rt_waiting.wait(5)
     here.interrupts.rt_waiting.clear()
-    threading.Timer(0.3, here.interrupts.rt_waiting.set).start()
-    persists.mark(client(), job.pk, job.checkpoint_files[0], "gpu9@elsewhere")  # a fresh 6 s
+    in_flight = job.checkpoint_files[0]
+    when_asked_for_the_writer_of(in_flight, here.interrupts.rt_waiting.set, monkeypatch)
+    persists.mark(client(), job.pk, in_flight, "gpu9@elsewhere")  # a fresh 6 s
 
-    started = time.monotonic()
     outcome = run_dispatch(job.pk, job.dispatch_token, here)
 
-    # At once: not after the writer's mark expired (6 s), nor after the restore and a step.
-    assert outcome == RunOutcome.YIELDED and time.monotonic() - started < 5
+    # At once: while the writer's mark still holds, and before the restore and a step.
+    assert outcome == RunOutcome.YIELDED
+    assert persists.writer_of(client(), job.pk, in_flight) == "gpu9@elsewhere"
     after = Job.objects.get(pk=job.pk)
     assert after.state == "queued" and after.dispatch_token != job.dispatch_token
     assert after.checkpoint_files == job.checkpoint_files and after.checkpoint_generation == 2
@@ -102,14 +115,16 @@ def test_an_rt_job_signalled_during_the_setup_is_served_before_the_read(alice, m
     assert Job.objects.get(pk=job.pk).events.filter(reason=reason).exists()
 
 
-def test_a_restore_goes_on_when_another_gpu_took_the_rt_job(alice):
+def test_a_restore_goes_on_when_another_gpu_took_the_rt_job(alice, monkeypatch):
     job, _first = _checkpointed_elsewhere(alice)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
     submit(alice, "RT", "urgent", steps=1)
     assert signals.take_rt_job(client())  # another busy GPU made way for it
     here.interrupts.rt_waiting.set()
-    # The writer gives up on generation 2 a little later; the restore then falls back to 1.
-    threading.Timer(0.3, persists.unmark, (client(), job.pk, job.checkpoint_files[0])).start()
+    # The writer gives up on generation 2 while the worker waits for it; the restore then
+    # falls back to 1.
+    in_flight = job.checkpoint_files[0]
+    when_asked_for_the_writer_of(in_flight, lambda: persists.unmark(client(), job.pk, in_flight), monkeypatch)
 
     run_dispatch(job.pk, job.dispatch_token, here)
 
@@ -120,18 +135,22 @@ def test_a_restore_goes_on_when_another_gpu_took_the_rt_job(alice):
     assert not here.interrupts.rt_waiting.is_set()  # answered: the RT job was taken
 
 
-def test_an_rt_job_does_not_wait_for_a_command_jobs_program_to_start(operator):
-    # The program takes 1.8 s to install its SIGUSR1 handler; the worker waits for that at a
-    # claim (so a slice is not spent starting it), but not while an RT job waits.
-    code = "import signal, time; time.sleep(1.8); signal.signal(signal.SIGUSR1, lambda *a: None); time.sleep(30)"
+def test_an_rt_job_does_not_wait_for_a_command_jobs_program_to_start(operator, monkeypatch):
+    # The program never installs its SIGUSR1 handler; the worker waits for that at a claim (so
+    # a slice is not spent starting it), for a while, but not while an RT job waits.
+    code = "import time; time.sleep(30)"
     job = submit(operator, "SP", "slow-start", workload="command", argv=[program_python(), "-c", code], step_ms=10)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
     submit(operator, "RT", "urgent", steps=1)
-    threading.Timer(0.3, here.interrupts.rt_waiting.set).start()  # once the program is starting
+    catches_signal = command.catches_signal
 
-    started = time.monotonic()
+    def starting(pid, signum):  # the worker looks for the handler: the program is starting
+        here.interrupts.rt_waiting.set()
+        return catches_signal(pid, signum)
+
+    monkeypatch.setattr(command, "catches_signal", starting)
+
     assert run_dispatch(job.pk, job.dispatch_token, here) == RunOutcome.YIELDED
-    assert time.monotonic() - started < 1.5  # not after the program's 1.8 s start
 
     after = Job.objects.get(pk=job.pk)
     assert after.state == "queued" and after.checkpoint_files == [] and after.failures == 0

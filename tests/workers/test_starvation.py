@@ -4,7 +4,6 @@ periodic tasks, as an operator would in the admin, while beat runs."""
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
@@ -33,13 +32,13 @@ def beat(transactional_db, redis_server, settings, tmp_path):
         for name, seconds in every_s.items():
             set_interval(name.replace("_", " "), seconds)
         env = {"DATABASE_URL": database_url(), "CLOCKQ_CHECKPOINT_DIR": str(settings.CLOCKQ_CHECKPOINT_DIR)}
-        started.append(Beat(env, tmp_path).start(redis_server.url))
+        started.append(Beat(env, tmp_path, loglevel="DEBUG").start(redis_server.url))
         return started[-1]
 
     yield start
     for b in started:
         b.stop()
-        print(f"--- beat and control worker (tail) ---\n{b.log_path.read_text(errors='replace')[-5000:]}")
+        print(f"--- beat and control worker (tail) ---\n{b.log_text()[-5000:]}")
 
 
 def set_interval(task: str, seconds: int) -> None:
@@ -50,6 +49,9 @@ def set_interval(task: str, seconds: int) -> None:
     periodic.interval, _ = IntervalSchedule.objects.get_or_create(every=seconds, period="seconds")
     periodic.expire_seconds = seconds
     periodic.save()  # signals beat's DatabaseScheduler that the table changed
+
+
+BEAT_TICK = "beat: Waking up"  # logged at DEBUG each time beat has looked for due tasks
 
 
 def reasons(job) -> list[str]:
@@ -84,9 +86,11 @@ def test_a_bp_job_behind_endless_sp_work_gets_its_slice_once_a_short_interval_is
     start_workers(1)
     sp = [submit(alice, "SP", f"sp-{i}", steps=4000, step_ms=10, state_kb=1) for i in range(2)]
     bp = submit(alice, "BP", "batch", steps=1_000_000, step_ms=10, state_kb=1)
-    beat()  # the batch chance every 2 h, as seeded
+    scheduler = beat()  # the batch chance every 2 h, as seeded
     wait_for(lambda: Job.objects.filter(pk__in=[j.pk for j in sp], slice_count__gte=3).count() == 2, 30)
-    time.sleep(3)  # beat has been consulted a few times: no chance yet
+    looks = scheduler.log_text().count(BEAT_TICK)
+    wait_for(lambda: scheduler.log_text().count(BEAT_TICK) >= looks + 3, 30, what="beat to look at its schedule")
+    assert "Sending due task clockq: batch chance BP" not in scheduler.log_text()  # no chance yet
     assert Job.objects.get(pk=bp.pk).slice_count == 0
     assert not any(r.startswith("batch chance") for r in reasons(bp))
 

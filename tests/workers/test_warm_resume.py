@@ -3,15 +3,13 @@ while the durable checkpoint is still written for any other worker."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.conf import settings
 from django.test import override_settings
 
 from clockq.jobs.checkpoints import CheckpointStore, checkpoint_name
 from clockq.jobs.models import Job
-from tests.harness import wait_for
+from tests.harness import WatchedEvent, wait_for
 from tests.helpers import submit
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
@@ -124,17 +122,22 @@ def test_the_cache_respects_its_bounds_and_checkpoints(tmp_path):
 @override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
 def test_a_yielded_jobs_checkpoint_is_written_once_the_next_job_has_started(alice, monkeypatch):
     """Written at once, its fsync would hold up the switch's own commits on the same disk."""
-    monkeypatch.setattr("workers.persister.SWITCH_QUIET_S", 5.0)
+    monkeypatch.setattr("workers.persister.SWITCH_QUIET_S", 60.0)
     job = submit(alice, "SP", "yields", steps=400, step_ms=1, state_kb=64)
     rival = submit(alice, "SP", "next", steps=1)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
+    switch_done = here.persister._switch_done = WatchedEvent()
+    switch_done.set()
     assert run_dispatch(job.pk, job.dispatch_token, here) == RunOutcome.YIELDED
     (name,) = Job.objects.get(pk=job.pk).checkpoint_files
 
-    time.sleep(0.3)
+    assert switch_done.waited.wait(10)  # the writer has it, and waits for the switch
     assert here.persister.pending(job.pk, name) is not None  # held while the switch is under way
+    store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
+    assert not store.path(job.pk, name).exists()
 
     rival = Job.objects.get(pk=rival.pk)
     assert run_dispatch(rival.pk, rival.dispatch_token, here) == RunOutcome.SUCCEEDED
-    wait_for(lambda: here.persister.pending(job.pk, name) is None, 4)  # the next job started: written
-    assert CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).read(job.pk, name)
+    wait_for(lambda: here.persister.pending(job.pk, name) is None, 10)  # the next job started: written
+    assert not switch_done.timed_out.is_set()
+    assert store.read(job.pk, name)
