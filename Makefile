@@ -56,12 +56,12 @@ test: $(STAMP) browser sandbox
 test-all: $(STAMP) browser sandbox
 	$(PY) -m pytest
 
-# The layer contracts (pyproject.toml, [tool.importlinter]), ruff, and mypy on the core and workers.
+# The layer contracts (pyproject.toml, [tool.importlinter]), ruff, and mypy on the core, the GPU worker and the control plane.
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy --ignore-missing-imports clockq workers
+	$(VENV)/bin/mypy --ignore-missing-imports clockq workers control
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
