@@ -4,7 +4,7 @@ The idea is CheckFreq's (FAST '21). At a slice boundary the worker takes a *snap
 workload's state copied into host memory (on a real GPU, the copy from the device). The
 ownership-checked update of the job names the new checkpoint file, the job is requeued and the
 GPU goes to the next job. A background thread then *persists* the snapshot: write, fsync,
-rename (workers/checkpoints.py).
+rename (clockq/jobs/checkpoints.py).
 
 What keeps this safe:
 
