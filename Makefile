@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # GPU hosts: make run REQUIREMENTS=requirements-gpu.txt (CUDA build of TensorFlow).
 REQUIREMENTS ?= requirements.txt
 
-.PHONY: run demo test test-all browser sandbox lint format bench clean
+.PHONY: run demo test test-all browser sandbox lint docs format bench clean
 
 $(STAMP): $(REQUIREMENTS) requirements-base.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -56,12 +56,19 @@ test: $(STAMP) browser sandbox
 test-all: $(STAMP) browser sandbox
 	$(PY) -m pytest
 
-# The layer contracts (pyproject.toml, [tool.importlinter]), ruff, and mypy on the core, the GPU worker and the control plane.
-lint: $(STAMP)
+# The layer contracts (pyproject.toml, [tool.importlinter]), ruff, mypy on the core, the GPU
+# worker and the control plane, and the documentation site built with --strict (a broken link
+# fails it).
+lint: $(STAMP) docs
 	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --ignore-missing-imports clockq workers control
+
+# The documentation site (mkdocs.yml, docs/) into var/site, which git ignores. Not --quiet: it
+# hides the warnings that --strict counts, and the build then passes whatever is broken.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir var/site
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

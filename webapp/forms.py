@@ -163,8 +163,8 @@ def binder(form_class: type[F], **kwargs) -> Callable[[dict], F]:
     """Forms of `form_class` for many inputs (a batch's entries), sharing one copy of the fields.
 
     Django deep-copies a form's fields for every instance, so that an instance may change its
-    own; that copy, and setting the workload choices, was 70 % of validating a job (0.24 ms here,
-    against 0.07 ms without) and a quarter of a batch's cost in-process. Validation reads the
+    own; that copy, and setting the workload choices, is most of validating a job, and a large
+    part of a batch's cost (docs/benchmarks.md has the figures). Validation reads the
     fields and changes nothing in them, so each entry's form is a shallow copy of one unbound
     form, bound to the entry, with the per-form state Django keeps (its errors, its bound
     fields) its own. tests/webapp/test_batch_submit.py checks that each entry gets exactly the

@@ -4,7 +4,7 @@ The idea is CheckFreq's (FAST '21). At a slice boundary the worker takes a *snap
 workload's state copied into host memory (on a real GPU, the copy from the device). The
 ownership-checked update of the job names the new checkpoint file, the job is requeued and the
 GPU goes to the next job. A background thread then *persists* the snapshot: write, fsync,
-rename (workers/checkpoints.py).
+rename (clockq/jobs/checkpoints.py).
 
 What keeps this safe:
 
@@ -85,8 +85,8 @@ class Snapshot:
 class SnapshotMemory:
     """Host memory for snapshots, bounded. Copies go into buffers that are kept and reused, the
     way pinned host buffers are for device copies: a fresh allocation of this size would be
-    dominated by page faults (134 ms for 256 MB on the development machine, against 25 ms to
-    copy into a buffer already touched). `reserve` makes one ready before it is needed."""
+    dominated by page faults, several times the copy into a buffer already touched. `reserve`
+    makes one ready before it is needed."""
 
     def __init__(self, max_bytes: int, background_from: int = BACKGROUND_COPY_FROM_BYTES):
         self.max_bytes = max_bytes
@@ -284,9 +284,9 @@ class Persister:
 
     def pause(self) -> None:
         """A switch is under way: hold writes back until the next job's first step (`resume`),
-        SWITCH_QUIET_S at most. Written at once, a checkpoint's fsync held up the switch's own
-        database commits on the same disk, and its checksum and copy took CPU from the claim:
-        1.2 ms of a 1 MB switch on ext4, measured against tmpfs."""
+        SWITCH_QUIET_S at most. Written at once, a checkpoint's fsync would hold up the switch's
+        own database commits on the same disk, and its checksum and copy would take CPU from the
+        claim."""
         self._switch_done.clear()
 
     def resume(self) -> None:

@@ -6,7 +6,7 @@ and loading the checkpoint (and, for Keras, rebuilding the model). The durable c
 still written at every yield, because any worker may take the job next.
 
 Entries are keyed by the checkpoint's file name, which carries its generation and the claim that
-wrote it (workers/checkpoints.py). Names are never reused, so an entry can only match the very
+wrote it (clockq/jobs/checkpoints.py). Names are never reused, so an entry can only match the very
 checkpoint it was saved at: not one of the same number written after a fallback, nor one written
 by another claim.
 """

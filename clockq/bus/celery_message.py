@@ -1,12 +1,12 @@
 """The run_slice wake-up as Celery (task protocol 2) and kombu's Redis transport store it: one
 JSON document pushed onto the tier queue's list.
 
-Why not `app.send_task`: at a yield, the requeue's message is on the GPU's critical path. There
-send_task cost 1.7 ms of a 10.7 ms switch (0.85 ms in isolation), against 0.07 ms for the LPUSH
-it ends in; the rest is Celery's settings lookups and protocol builder, and a new Redis client
-object that kombu makes for every message. The message is the same every time but for the job
-id, the token, the queue and two uuids, so it is written here, and pushed with clockq's own
-Redis client (clockq/bus/client.py), whose timeouts and retry the broker's other users share.
+Why not `app.send_task`: at a yield, the requeue's message is on the GPU's critical path, and
+send_task spends most of a publish on Celery's settings lookups and protocol builder and on a new
+Redis client object that kombu makes for every message, not on the LPUSH it ends in (the
+measurement is in docs/benchmarks.md). The message is the same every time but for the job id,
+the token, the queue and two uuids, so it is written here, and pushed with clockq's own Redis
+client (clockq/bus/client.py), whose timeouts and retry the broker's other users share.
 
 The format is Celery's and kombu's, not ours: tests/bus/test_celery_message.py publishes the same
 message with send_task and compares the two, key by key, and the key they land in. An upgrade of

@@ -1,5 +1,6 @@
 """GET /api/kpis: who may read it, its default window, and bad windows refused with a 400 that
-names the field. The KPI values themselves are checked in tests/jobs/test_kpis.py."""
+names the field. The KPI values themselves are checked against a fixture worked out by hand in
+the KPI rollup's tests (test_kpi_rollup.py), and the arithmetic in tests/policy/test_kpis.py."""
 
 from __future__ import annotations
 
