@@ -293,7 +293,7 @@ class JobRun:
         self.home: TierInfo = runtime.tiers.get(job.original_tier_id)
         self.returning_from: TierInfo | None = None  # set until the return is written
         # Checkpoint generations are numbered from the highest ever named, and never reused: not
-        # after a fallback, not after a rollback (workers/checkpoints.py).
+        # after a fallback, not after a rollback (clockq/jobs/checkpoints.py).
         self.generation = job.checkpoint_generation
         self.files: list[str] = list(job.checkpoint_files or [])  # restore candidates, newest first
         self.checkpoint_bytes = job.checkpoint_bytes  # size of the newest checkpoint

@@ -8,7 +8,7 @@ History as arrays: MetricSample rows in time order, the features (cpu, gpu_util,
 target (load_index). A sample without a load index (no GPU worker was alive) is left out; a
 missing feature (no telemetry in that sample) takes the previous sample's value, or 0 at the
 start. Samples further apart than 1.5 intervals start a new *segment*: a window never spans a
-gap in the history (predictor/training.py cuts windows per segment).
+gap in the history (predictor/live.py cuts windows per segment).
 """
 
 from __future__ import annotations

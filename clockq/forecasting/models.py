@@ -6,7 +6,7 @@ from django.db import models
 
 
 class MetricSample(models.Model):
-    """The cluster's load at one moment, recorded by a beat task (clockq/jobs/load_history.py)
+    """The cluster's load at one moment, recorded by a beat task (clockq/forecasting/load_history.py)
     every CLOCKQ_LOAD_SAMPLE_EVERY_S: the history the load predictor trains on. Shares are 0..1;
     a reading no host gave is empty."""
 
@@ -36,7 +36,7 @@ class MetricSample(models.Model):
 
 
 class ModelVersion(models.Model):
-    """One model trained by a run of the load predictor's training (predictor/training.py): an
+    """One model trained by a run of the load predictor's training (predictor/live.py): an
     LSTM or a linear model, its saved file, its validation MAE next to persistence's and
     linear's on the same held-out part, and what the run chose (`chosen`: persistence, linear or
     lstm, by predictor.evaluation.select_champion). Each run writes one row per trained model;

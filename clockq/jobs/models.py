@@ -124,7 +124,7 @@ class Job(models.Model):
     slice_count = models.PositiveIntegerField(default=0)
     # The highest checkpoint generation ever named; numbers only grow, so a name is never reused.
     checkpoint_generation = models.PositiveIntegerField(default=0)
-    # The checkpoint files the job restores from, newest first (workers/checkpoints.py): a file
+    # The checkpoint files the job restores from, newest first (clockq/jobs/checkpoints.py): a file
     # becomes current only when the ownership-checked update of its worker names it here.
     checkpoint_files = models.JSONField(default=list, blank=True)
     # Size of the newest checkpoint; the store keeps two generations, so the job holds about

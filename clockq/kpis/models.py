@@ -46,7 +46,7 @@ class KpiFacts(models.Model):
 
 
 class KpiMinute(KpiFacts):
-    """Per minute and tier. Filled by the KPI rollup periodic task (clockq/jobs/kpi_rollup.py), so
+    """Per minute and tier. Filled by the KPI rollup periodic task (clockq/kpis/rollup.py), so
     /api/kpis and the dashboard never scan every Slice. A minute's row is recomputed while late
     data can still arrive."""
 
