@@ -603,7 +603,7 @@ class JobRun:
         # This job's switch cost, so the planner keeps its switching within the overhead budget:
         # its own checkpoint and restore, plus this worker's measured requeue-hop-claim overhead.
         # Until that is measured it is left out, not guessed: a worker's first claims pay its
-        # warm-up (connections, imports), and a guess from them stretched slices for many switches.
+        # warm-up (connections, imports), which is no switch's cost and would stretch the next slices.
         cost = record.checkpoint_ms + self.restore_ms + (self.runtime.switch_overhead_ms or 0.0)
         extra: dict[str, Any] = {"switch_cost_ms": ewma(self.switch_cost_ms, cost)}
         if target == JobState.TIMED_OUT:
