@@ -10,6 +10,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     initial = True
 
     dependencies = [
@@ -18,206 +19,103 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name="QueueTier",
+            name='QueueTier',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("code", models.CharField(max_length=2, unique=True)),
-                ("rank", models.PositiveSmallIntegerField(help_text="0 is the most urgent tier.", unique=True)),
-                ("use", models.CharField(max_length=100)),
-                ("queue_name", models.CharField(editable=False, max_length=20, unique=True)),
-                (
-                    "wait_target_ms",
-                    models.PositiveBigIntegerField(
-                        blank=True, help_text="Target wait before the first start; empty means best effort.", null=True
-                    ),
-                ),
-                (
-                    "base_slice_ms",
-                    models.PositiveIntegerField(
-                        default=50,
-                        validators=[
-                            django.core.validators.MinValueValidator(1),
-                            django.core.validators.MaxValueValidator(3600000),
-                        ],
-                    ),
-                ),
-                (
-                    "min_slice_ms",
-                    models.PositiveIntegerField(
-                        default=20,
-                        validators=[
-                            django.core.validators.MinValueValidator(1),
-                            django.core.validators.MaxValueValidator(3600000),
-                        ],
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('code', models.CharField(max_length=2, unique=True)),
+                ('rank', models.PositiveSmallIntegerField(help_text='0 is the most urgent tier.', unique=True)),
+                ('use', models.CharField(max_length=100)),
+                ('queue_name', models.CharField(editable=False, max_length=20, unique=True)),
+                ('wait_target_ms', models.PositiveBigIntegerField(blank=True, help_text='Target wait before the first start; empty means best effort.', null=True)),
+                ('base_slice_ms', models.PositiveIntegerField(default=50, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(3600000)])),
+                ('min_slice_ms', models.PositiveIntegerField(default=20, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(3600000)])),
             ],
             options={
-                "ordering": ["rank"],
+                'ordering': ['rank'],
             },
         ),
         migrations.CreateModel(
-            name="Job",
+            name='Job',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("name", models.CharField(max_length=200)),
-                ("workload", models.CharField(max_length=50)),
-                ("params", models.JSONField(blank=True, default=dict)),
-                ("deadline", models.DateTimeField(blank=True, null=True)),
-                (
-                    "state",
-                    models.CharField(
-                        choices=[
-                            ("held", "Held"),
-                            ("queued", "Queued"),
-                            ("running", "Running"),
-                            ("succeeded", "Succeeded"),
-                            ("failed", "Failed"),
-                            ("cancelled", "Cancelled"),
-                            ("timed_out", "Timed Out"),
-                        ],
-                        db_index=True,
-                        default=clockq.policy.states.JobState["QUEUED"],
-                        max_length=10,
-                    ),
-                ),
-                ("progress", models.FloatField(default=0.0)),
-                (
-                    "pending_action",
-                    models.CharField(blank=True, default=clockq.policy.slicing.PendingAction["NONE"], max_length=10),
-                ),
-                ("submitted_at", models.DateTimeField(auto_now_add=True)),
-                (
-                    "enqueued_at",
-                    models.DateTimeField(blank=True, help_text="When the job last entered its queue.", null=True),
-                ),
-                ("first_started_at", models.DateTimeField(blank=True, null=True)),
-                ("finished_at", models.DateTimeField(blank=True, null=True)),
-                ("wait_ms", models.BigIntegerField(default=0)),
-                ("run_ms", models.BigIntegerField(default=0)),
-                ("slice_count", models.PositiveIntegerField(default=0)),
-                ("checkpoint_generation", models.PositiveIntegerField(default=0)),
-                ("dispatch_token", models.CharField(default=clockq.jobs.models.new_token, max_length=32)),
-                ("dispatched_at", models.DateTimeField(blank=True, null=True)),
-                ("worker", models.CharField(blank=True, default="", max_length=200)),
-                ("lease_expires_at", models.DateTimeField(blank=True, db_index=True, null=True)),
-                ("slice_started_at", models.DateTimeField(blank=True, null=True)),
-                ("util_ewma", models.FloatField(blank=True, null=True)),
-                ("switch_cost_ms", models.FloatField(blank=True, null=True)),
-                (
-                    "gpu_mem_mib",
-                    models.PositiveIntegerField(
-                        blank=True,
-                        help_text="GPU memory the job needs; it only starts on a GPU with this much free.",
-                        null=True,
-                    ),
-                ),
-                (
-                    "placement_note",
-                    models.CharField(blank=True, default="", help_text="Why it is not running.", max_length=300),
-                ),
-                (
-                    "failures",
-                    models.PositiveIntegerField(
-                        default=0, help_text="Failed slices since the last success or requeue."
-                    ),
-                ),
-                ("last_error", models.TextField(blank=True, default="")),
-                (
-                    "owner",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="jobs", to=settings.AUTH_USER_MODEL
-                    ),
-                ),
-                (
-                    "original_tier",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="+", to="jobs.queuetier"
-                    ),
-                ),
-                (
-                    "tier",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="jobs", to="jobs.queuetier"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('name', models.CharField(max_length=200)),
+                ('workload', models.CharField(max_length=50)),
+                ('params', models.JSONField(blank=True, default=dict)),
+                ('deadline', models.DateTimeField(blank=True, null=True)),
+                ('state', models.CharField(choices=[('held', 'Held'), ('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('timed_out', 'Timed Out')], db_index=True, default=clockq.policy.states.JobState['QUEUED'], max_length=10)),
+                ('progress', models.FloatField(default=0.0)),
+                ('pending_action', models.CharField(blank=True, default=clockq.policy.slicing.PendingAction['NONE'], max_length=10)),
+                ('submitted_at', models.DateTimeField(auto_now_add=True)),
+                ('enqueued_at', models.DateTimeField(blank=True, help_text='When the job last entered its queue.', null=True)),
+                ('first_started_at', models.DateTimeField(blank=True, null=True)),
+                ('finished_at', models.DateTimeField(blank=True, null=True)),
+                ('wait_ms', models.BigIntegerField(default=0)),
+                ('run_ms', models.BigIntegerField(default=0)),
+                ('slice_count', models.PositiveIntegerField(default=0)),
+                ('checkpoint_generation', models.PositiveIntegerField(default=0)),
+                ('dispatch_token', models.CharField(default=clockq.jobs.models.new_token, max_length=32)),
+                ('dispatched_at', models.DateTimeField(blank=True, null=True)),
+                ('worker', models.CharField(blank=True, default='', max_length=200)),
+                ('lease_expires_at', models.DateTimeField(blank=True, db_index=True, null=True)),
+                ('slice_started_at', models.DateTimeField(blank=True, null=True)),
+                ('util_ewma', models.FloatField(blank=True, null=True)),
+                ('switch_cost_ms', models.FloatField(blank=True, null=True)),
+                ('gpu_mem_mib', models.PositiveIntegerField(blank=True, help_text='GPU memory the job needs; it only starts on a GPU with this much free.', null=True)),
+                ('placement_note', models.CharField(blank=True, default='', help_text='Why it is not running.', max_length=300)),
+                ('failures', models.PositiveIntegerField(default=0, help_text='Failed slices since the last success or requeue.')),
+                ('last_error', models.TextField(blank=True, default='')),
+                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to=settings.AUTH_USER_MODEL)),
+                ('original_tier', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.queuetier')),
+                ('tier', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='jobs.queuetier')),
             ],
             options={
-                "ordering": ["-id"],
+                'ordering': ['-id'],
             },
         ),
         migrations.CreateModel(
-            name="JobEvent",
+            name='JobEvent',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("at", models.DateTimeField(auto_now_add=True)),
-                ("from_state", models.CharField(max_length=10)),
-                ("to_state", models.CharField(max_length=10)),
-                ("reason", models.TextField()),
-                ("actor", models.CharField(max_length=200)),
-                (
-                    "job",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="jobs.job"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('at', models.DateTimeField(auto_now_add=True)),
+                ('from_state', models.CharField(max_length=10)),
+                ('to_state', models.CharField(max_length=10)),
+                ('reason', models.TextField()),
+                ('actor', models.CharField(max_length=200)),
+                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobs.job')),
             ],
             options={
-                "ordering": ["at", "id"],
+                'ordering': ['at', 'id'],
             },
         ),
         migrations.CreateModel(
-            name="Slice",
+            name='Slice',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("worker", models.CharField(max_length=200)),
-                ("gpu_index", models.IntegerField()),
-                ("started_at", models.DateTimeField()),
-                ("ended_at", models.DateTimeField()),
-                ("planned_ms", models.PositiveIntegerField()),
-                ("used_ms", models.PositiveIntegerField()),
-                ("steps", models.PositiveIntegerField(default=0)),
-                (
-                    "outcome",
-                    models.CharField(
-                        choices=[
-                            ("completed", "Completed"),
-                            ("yielded", "Yielded"),
-                            ("continued", "Continued"),
-                            ("failed", "Failed"),
-                            ("lost", "Lost"),
-                        ],
-                        max_length=10,
-                    ),
-                ),
-                ("checkpoint_bytes", models.PositiveBigIntegerField(default=0)),
-                ("checkpoint_ms", models.FloatField(default=0.0)),
-                ("restore_ms", models.FloatField(default=0.0)),
-                (
-                    "gpu_util",
-                    models.FloatField(blank=True, help_text="Mean GPU utilisation over the slice.", null=True),
-                ),
-                (
-                    "plan_reason",
-                    models.CharField(blank=True, default="", help_text="formula, floor or overhead", max_length=10),
-                ),
-                (
-                    "job",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE, related_name="slices", to="jobs.job"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('worker', models.CharField(max_length=200)),
+                ('gpu_index', models.IntegerField()),
+                ('started_at', models.DateTimeField()),
+                ('ended_at', models.DateTimeField()),
+                ('planned_ms', models.PositiveIntegerField()),
+                ('used_ms', models.PositiveIntegerField()),
+                ('steps', models.PositiveIntegerField(default=0)),
+                ('outcome', models.CharField(choices=[('completed', 'Completed'), ('yielded', 'Yielded'), ('continued', 'Continued'), ('failed', 'Failed'), ('lost', 'Lost')], max_length=10)),
+                ('checkpoint_bytes', models.PositiveBigIntegerField(default=0)),
+                ('checkpoint_ms', models.FloatField(default=0.0)),
+                ('restore_ms', models.FloatField(default=0.0)),
+                ('gpu_util', models.FloatField(blank=True, help_text='Mean GPU utilisation over the slice.', null=True)),
+                ('plan_reason', models.CharField(blank=True, default='', help_text='formula, floor or overhead', max_length=10)),
+                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='slices', to='jobs.job')),
             ],
             options={
-                "ordering": ["started_at", "id"],
+                'ordering': ['started_at', 'id'],
             },
         ),
         migrations.AddIndex(
-            model_name="job",
-            index=models.Index(fields=["state", "tier"], name="jobs_job_state_6138ec_idx"),
+            model_name='job',
+            index=models.Index(fields=['state', 'tier'], name='jobs_job_state_6138ec_idx'),
         ),
         migrations.AddIndex(
-            model_name="job",
-            index=models.Index(fields=["owner", "-id"], name="jobs_job_owner_i_4f23b9_idx"),
+            model_name='job',
+            index=models.Index(fields=['owner', '-id'], name='jobs_job_owner_i_4f23b9_idx'),
         ),
     ]

@@ -4,24 +4,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("jobs", "0002_seed_tiers"),
+        ('jobs', '0002_seed_tiers'),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name="slice",
-            name="outcome",
-            field=models.CharField(
-                choices=[
-                    ("completed", "Completed"),
-                    ("yielded", "Yielded"),
-                    ("continued", "Continued"),
-                    ("failed", "Failed"),
-                    ("lost", "Lost"),
-                    ("fault", "Fault"),
-                ],
-                max_length=10,
-            ),
+            model_name='slice',
+            name='outcome',
+            field=models.CharField(choices=[('completed', 'Completed'), ('yielded', 'Yielded'), ('continued', 'Continued'), ('failed', 'Failed'), ('lost', 'Lost'), ('fault', 'Fault')], max_length=10),
         ),
     ]

@@ -6,46 +6,30 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("jobs", "0003_slice_outcome_fault"),
+        ('jobs', '0003_slice_outcome_fault'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="job",
-            name="checkpoint_bytes",
+            model_name='job',
+            name='checkpoint_bytes',
             field=models.PositiveBigIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name="job",
-            name="checkpoints_deleted_at",
+            model_name='job',
+            name='checkpoints_deleted_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.CreateModel(
-            name="UserQuota",
+            name='UserQuota',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                (
-                    "max_active_jobs",
-                    models.PositiveIntegerField(
-                        blank=True,
-                        help_text="Queued, running and held jobs at once. Empty: CLOCKQ_QUOTA_ACTIVE_JOBS.",
-                        null=True,
-                    ),
-                ),
-                (
-                    "max_checkpoint_mb",
-                    models.PositiveIntegerField(
-                        blank=True, help_text="Checkpoint storage, in MB. Empty: CLOCKQ_QUOTA_CHECKPOINT_MB.", null=True
-                    ),
-                ),
-                (
-                    "user",
-                    models.OneToOneField(
-                        on_delete=django.db.models.deletion.CASCADE, related_name="quota", to=settings.AUTH_USER_MODEL
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('max_active_jobs', models.PositiveIntegerField(blank=True, help_text='Queued, running and held jobs at once. Empty: CLOCKQ_QUOTA_ACTIVE_JOBS.', null=True)),
+                ('max_checkpoint_mb', models.PositiveIntegerField(blank=True, help_text='Checkpoint storage, in MB. Empty: CLOCKQ_QUOTA_CHECKPOINT_MB.', null=True)),
+                ('user', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='quota', to=settings.AUTH_USER_MODEL)),
             ],
         ),
     ]

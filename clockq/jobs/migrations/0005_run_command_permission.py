@@ -4,16 +4,14 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("jobs", "0004_quotas_and_retention"),
+        ('jobs', '0004_quotas_and_retention'),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name="job",
-            options={
-                "ordering": ["-id"],
-                "permissions": [("run_command", "Can submit jobs that run their own program (the command workload)")],
-            },
+            name='job',
+            options={'ordering': ['-id'], 'permissions': [('run_command', 'Can submit jobs that run their own program (the command workload)')]},
         ),
     ]

@@ -30,108 +30,78 @@ def seed(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("jobs", "0005_run_command_permission"),
-        ("django_celery_beat", "0019_alter_periodictasks_options"),
+        ('jobs', '0005_run_command_permission'),
+        ('django_celery_beat', '0019_alter_periodictasks_options'),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="PromotionClock",
+            name='PromotionClock',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("last_tick_at", models.DateTimeField(blank=True, null=True)),
-                ("rounds", models.PositiveBigIntegerField(default=0, help_text="Ticks in which slices started.")),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('last_tick_at', models.DateTimeField(blank=True, null=True)),
+                ('rounds', models.PositiveBigIntegerField(default=0, help_text='Ticks in which slices started.')),
             ],
         ),
         migrations.AddField(
-            model_name="job",
-            name="first_wait_ms",
+            model_name='job',
+            name='first_wait_ms',
             field=models.BigIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name="job",
-            name="late_at",
+            model_name='job',
+            name='late_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name="job",
-            name="skipped_rounds",
+            model_name='job',
+            name='skipped_rounds',
             field=models.PositiveIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name="queuetier",
-            name="chance_jobs",
-            field=models.PositiveSmallIntegerField(
-                default=0,
-                help_text="At each batch chance (a periodic task, every 2 h by default), this many of the oldest waiting jobs get one slice in the chance tier. 0: none.",
-                validators=[django.core.validators.MaxValueValidator(1000)],
-            ),
+            model_name='queuetier',
+            name='chance_jobs',
+            field=models.PositiveSmallIntegerField(default=0, help_text='At each batch chance (a periodic task, every 2 h by default), this many of the oldest waiting jobs get one slice in the chance tier. 0: none.', validators=[django.core.validators.MaxValueValidator(1000)]),
         ),
         migrations.AddField(
-            model_name="queuetier",
-            name="chance_to",
-            field=models.ForeignKey(
-                blank=True,
-                help_text="A more urgent tier.",
-                null=True,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="+",
-                to="jobs.queuetier",
-            ),
+            model_name='queuetier',
+            name='chance_to',
+            field=models.ForeignKey(blank=True, help_text='A more urgent tier.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.queuetier'),
         ),
         migrations.AddField(
-            model_name="queuetier",
-            name="promote_after_rounds",
-            field=models.PositiveSmallIntegerField(
-                blank=True,
-                help_text="Promote a waiting job skipped in this many consecutive rounds. Empty: never.",
-                null=True,
-                validators=[
-                    django.core.validators.MinValueValidator(1),
-                    django.core.validators.MaxValueValidator(10000),
-                ],
-            ),
+            model_name='queuetier',
+            name='promote_after_rounds',
+            field=models.PositiveSmallIntegerField(blank=True, help_text='Promote a waiting job skipped in this many consecutive rounds. Empty: never.', null=True, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(10000)]),
         ),
         migrations.AddField(
-            model_name="queuetier",
-            name="promote_to",
-            field=models.ForeignKey(
-                blank=True,
-                help_text="A more urgent tier.",
-                null=True,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="+",
-                to="jobs.queuetier",
-            ),
+            model_name='queuetier',
+            name='promote_to',
+            field=models.ForeignKey(blank=True, help_text='A more urgent tier.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.queuetier'),
         ),
         migrations.AddField(
-            model_name="queuetier",
-            name="start_timeout_ms",
-            field=models.PositiveBigIntegerField(
-                blank=True,
-                help_text="A job not started this long after submission ends timed_out (a late inference is worthless). Empty: never; a job that misses its wait target is only marked late.",
-                null=True,
-                validators=[django.core.validators.MinValueValidator(1)],
-            ),
+            model_name='queuetier',
+            name='start_timeout_ms',
+            field=models.PositiveBigIntegerField(blank=True, help_text='A job not started this long after submission ends timed_out (a late inference is worthless). Empty: never; a job that misses its wait target is only marked late.', null=True, validators=[django.core.validators.MinValueValidator(1)]),
         ),
         migrations.AlterField(
-            model_name="job",
-            name="finished_at",
+            model_name='job',
+            name='finished_at',
             field=models.DateTimeField(blank=True, db_index=True, null=True),
         ),
         migrations.AlterField(
-            model_name="job",
-            name="first_started_at",
+            model_name='job',
+            name='first_started_at',
             field=models.DateTimeField(blank=True, db_index=True, null=True),
         ),
         migrations.AddIndex(
-            model_name="slice",
-            index=models.Index(fields=["started_at"], name="jobs_slice_started_698f71_idx"),
+            model_name='slice',
+            index=models.Index(fields=['started_at'], name='jobs_slice_started_698f71_idx'),
         ),
         migrations.AddIndex(
-            model_name="slice",
-            index=models.Index(fields=["ended_at"], name="jobs_slice_ended_a_039b07_idx"),
+            model_name='slice',
+            index=models.Index(fields=['ended_at'], name='jobs_slice_ended_a_039b07_idx'),
         ),
         migrations.RunPython(seed, migrations.RunPython.noop),
     ]

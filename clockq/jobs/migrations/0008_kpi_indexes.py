@@ -5,18 +5,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("jobs", "0007_kpi_tables"),
+        ('jobs', '0007_kpi_tables'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name="job",
-            index=models.Index(fields=["late_at"], name="jobs_job_late_at_07d518_idx"),
+            model_name='job',
+            index=models.Index(fields=['late_at'], name='jobs_job_late_at_07d518_idx'),
         ),
         migrations.AddIndex(
-            model_name="jobevent",
-            index=models.Index(fields=["at"], name="jobs_jobeve_at_81330a_idx"),
+            model_name='jobevent',
+            index=models.Index(fields=['at'], name='jobs_jobeve_at_81330a_idx'),
         ),
     ]

@@ -4,24 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("jobs", "0009_kpi_hours"),
+        ('jobs', '0009_kpi_hours'),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="job",
-            name="result_bytes",
+            model_name='job',
+            name='result_bytes',
             field=models.PositiveBigIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name="job",
-            name="result_files",
-            field=models.JSONField(blank=True, default=list, help_text="[{name, bytes, sha256}]"),
+            model_name='job',
+            name='result_files',
+            field=models.JSONField(blank=True, default=list, help_text='[{name, bytes, sha256}]'),
         ),
         migrations.AddField(
-            model_name="job",
-            name="result_stored_at",
+            model_name='job',
+            name='result_stored_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

@@ -5,40 +5,31 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("jobs", "0010_job_results"),
+        ('jobs', '0010_job_results'),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="slice",
-            name="last_step",
+            model_name='slice',
+            name='last_step',
             field=models.BigIntegerField(blank=True, help_text="The job's newest metric step at the end.", null=True),
         ),
         migrations.CreateModel(
-            name="JobMetric",
+            name='JobMetric',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("name", models.CharField(max_length=64)),
-                ("points", models.JSONField(default=list, help_text="[[step, value], ...] on the grid of `stride`")),
-                ("stride", models.PositiveIntegerField(default=1)),
-                (
-                    "last",
-                    models.JSONField(
-                        blank=True, help_text="[step, value]: the newest point, if off the grid", null=True
-                    ),
-                ),
-                ("updated_at", models.DateTimeField(auto_now=True)),
-                (
-                    "job",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE, related_name="metrics", to="jobs.job"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('name', models.CharField(max_length=64)),
+                ('points', models.JSONField(default=list, help_text='[[step, value], ...] on the grid of `stride`')),
+                ('stride', models.PositiveIntegerField(default=1)),
+                ('last', models.JSONField(blank=True, help_text='[step, value]: the newest point, if off the grid', null=True)),
+                ('updated_at', models.DateTimeField(auto_now=True)),
+                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='metrics', to='jobs.job')),
             ],
             options={
-                "ordering": ["name"],
-                "constraints": [models.UniqueConstraint(fields=("job", "name"), name="job_metric_name")],
+                'ordering': ['name'],
+                'constraints': [models.UniqueConstraint(fields=('job', 'name'), name='job_metric_name')],
             },
         ),
     ]

@@ -4,14 +4,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("jobs", "0011_job_metrics"),
+        ('jobs', '0011_job_metrics'),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="slice",
-            name="preempted",
-            field=models.BooleanField(default=False, help_text="Cut short to make way for a waiting RT job."),
+            model_name='slice',
+            name='preempted',
+            field=models.BooleanField(default=False, help_text='Cut short to make way for a waiting RT job.'),
         ),
     ]

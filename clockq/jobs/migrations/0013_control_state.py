@@ -5,66 +5,59 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("jobs", "0012_slice_preempted"),
+        ('jobs', '0012_slice_preempted'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="ControlDecision",
+            name='ControlDecision',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("at", models.DateTimeField(auto_now_add=True)),
-                (
-                    "what",
-                    models.CharField(
-                        help_text="admission_open, prefetch_on, desired_workers or forced.", max_length=30
-                    ),
-                ),
-                ("old", models.CharField(blank=True, default="", max_length=30)),
-                ("new", models.CharField(blank=True, default="", max_length=30)),
-                ("reason", models.TextField()),
-                ("forecast", models.FloatField(blank=True, null=True)),
-                ("actor", models.CharField(help_text='"controller", or the operator.', max_length=200)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('at', models.DateTimeField(auto_now_add=True)),
+                ('what', models.CharField(help_text='admission_open, prefetch_on, desired_workers or forced.', max_length=30)),
+                ('old', models.CharField(blank=True, default='', max_length=30)),
+                ('new', models.CharField(blank=True, default='', max_length=30)),
+                ('reason', models.TextField()),
+                ('forecast', models.FloatField(blank=True, null=True)),
+                ('actor', models.CharField(help_text='"controller", or the operator.', max_length=200)),
             ],
             options={
-                "ordering": ["-at", "-id"],
+                'ordering': ['-at', '-id'],
             },
         ),
         migrations.CreateModel(
-            name="ControlState",
+            name='ControlState',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("admission_open", models.BooleanField(default=True)),
-                ("prefetch_on", models.BooleanField(default=False)),
-                (
-                    "desired_workers",
-                    models.PositiveIntegerField(blank=True, help_text="Empty: no forecast yet.", null=True),
-                ),
-                ("reason", models.TextField(blank=True, default="")),
-                ("forecast", models.FloatField(blank=True, help_text="The latest forecast load index.", null=True)),
-                ("forecast_at", models.DateTimeField(blank=True, null=True)),
-                ("forced", models.BooleanField(default=False)),
-                ("forced_by", models.CharField(blank=True, default="", max_length=200)),
-                ("updated_at", models.DateTimeField(auto_now=True)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('admission_open', models.BooleanField(default=True)),
+                ('prefetch_on', models.BooleanField(default=False)),
+                ('desired_workers', models.PositiveIntegerField(blank=True, help_text='Empty: no forecast yet.', null=True)),
+                ('reason', models.TextField(blank=True, default='')),
+                ('forecast', models.FloatField(blank=True, help_text='The latest forecast load index.', null=True)),
+                ('forecast_at', models.DateTimeField(blank=True, null=True)),
+                ('forced', models.BooleanField(default=False)),
+                ('forced_by', models.CharField(blank=True, default='', max_length=200)),
+                ('updated_at', models.DateTimeField(auto_now=True)),
             ],
             options={
-                "verbose_name": "control state",
-                "verbose_name_plural": "control state",
+                'verbose_name': 'control state',
+                'verbose_name_plural': 'control state',
             },
         ),
         migrations.AddField(
-            model_name="job",
-            name="held_for_admission",
+            model_name='job',
+            name='held_for_admission',
             field=models.BooleanField(default=False),
         ),
         migrations.AddIndex(
-            model_name="job",
-            index=models.Index(fields=["held_for_admission", "state"], name="jobs_job_held_fo_5bc230_idx"),
+            model_name='job',
+            index=models.Index(fields=['held_for_admission', 'state'], name='jobs_job_held_fo_5bc230_idx'),
         ),
         migrations.AddIndex(
-            model_name="controldecision",
-            index=models.Index(fields=["at"], name="jobs_contro_at_09d2fc_idx"),
+            model_name='controldecision',
+            index=models.Index(fields=['at'], name='jobs_contro_at_09d2fc_idx'),
         ),
     ]

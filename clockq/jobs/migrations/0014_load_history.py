@@ -14,53 +14,31 @@ def seed(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("jobs", "0013_control_state"),
-        ("django_celery_beat", "0019_alter_periodictasks_options"),
+        ('jobs', '0013_control_state'),
+        ('django_celery_beat', '0019_alter_periodictasks_options'),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="MetricSample",
+            name='MetricSample',
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("at", models.DateTimeField(help_text="When it was taken, to the second.", unique=True)),
-                (
-                    "gpu_util",
-                    models.FloatField(blank=True, help_text="Mean SM busy over the GPUs that report it.", null=True),
-                ),
-                ("cpu", models.FloatField(blank=True, help_text="Mean CPU load over the GPU hosts.", null=True)),
-                ("memory", models.FloatField(blank=True, help_text="Mean memory use over the GPU hosts.", null=True)),
-                (
-                    "queue_depth",
-                    models.JSONField(blank=True, default=dict, help_text="Queued jobs by current tier: {tier: n}."),
-                ),
-                (
-                    "held",
-                    models.PositiveIntegerField(
-                        default=0, help_text="Jobs held for admission (not counted as demand)."
-                    ),
-                ),
-                ("running_gpus", models.PositiveIntegerField(default=0, help_text="Busy GPUs: jobs running.")),
-                ("waiting_gpus", models.PositiveIntegerField(default=0, help_text="GPUs that queued jobs ask for.")),
-                ("gpus", models.PositiveIntegerField(default=0, help_text="Capacity: GPU workers alive.")),
-                (
-                    "load_index",
-                    models.FloatField(
-                        blank=True,
-                        help_text="(running + waiting GPUs) / GPUs, at most 2 (clockq/policy/load.py).",
-                        null=True,
-                    ),
-                ),
-                (
-                    "hosts",
-                    models.JSONField(
-                        blank=True, default=dict, help_text="Per host: {host: {gpus, gpu_util, cpu, memory, busy}}."
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('at', models.DateTimeField(help_text='When it was taken, to the second.', unique=True)),
+                ('gpu_util', models.FloatField(blank=True, help_text='Mean SM busy over the GPUs that report it.', null=True)),
+                ('cpu', models.FloatField(blank=True, help_text='Mean CPU load over the GPU hosts.', null=True)),
+                ('memory', models.FloatField(blank=True, help_text='Mean memory use over the GPU hosts.', null=True)),
+                ('queue_depth', models.JSONField(blank=True, default=dict, help_text='Queued jobs by current tier: {tier: n}.')),
+                ('held', models.PositiveIntegerField(default=0, help_text='Jobs held for admission (not counted as demand).')),
+                ('running_gpus', models.PositiveIntegerField(default=0, help_text='Busy GPUs: jobs running.')),
+                ('waiting_gpus', models.PositiveIntegerField(default=0, help_text='GPUs that queued jobs ask for.')),
+                ('gpus', models.PositiveIntegerField(default=0, help_text='Capacity: GPU workers alive.')),
+                ('load_index', models.FloatField(blank=True, help_text='(running + waiting GPUs) / GPUs, at most 2 (clockq/policy/load.py).', null=True)),
+                ('hosts', models.JSONField(blank=True, default=dict, help_text='Per host: {host: {gpus, gpu_util, cpu, memory, busy}}.')),
             ],
             options={
-                "ordering": ["-at"],
+                'ordering': ['-at'],
             },
         ),
         migrations.RunPython(seed, migrations.RunPython.noop),

@@ -11,7 +11,9 @@ def name_existing_checkpoints(apps, schema_editor):
         "id", "checkpoint_generation"
     ):
         newest = job.checkpoint_generation
-        job.checkpoint_files = [f"gen-{gen:08d}.ckpt" for gen in range(newest, max(newest - KEPT_GENERATIONS, 0), -1)]
+        job.checkpoint_files = [
+            f"gen-{gen:08d}.ckpt" for gen in range(newest, max(newest - KEPT_GENERATIONS, 0), -1)
+        ]
         job.save(update_fields=["checkpoint_files"])
 
 

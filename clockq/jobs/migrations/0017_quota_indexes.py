@@ -5,22 +5,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("jobs", "0016_checkpoint_files"),
+        ('jobs', '0016_checkpoint_files'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name="job",
-            index=models.Index(fields=["owner", "state"], name="job_owner_state"),
+            model_name='job',
+            index=models.Index(fields=['owner', 'state'], name='job_owner_state'),
         ),
         migrations.AddIndex(
-            model_name="job",
-            index=models.Index(
-                condition=models.Q(("checkpoint_bytes__gt", 0), ("result_bytes__gt", 0), _connector="OR"),
-                fields=["owner"],
-                name="job_owner_storage",
-            ),
+            model_name='job',
+            index=models.Index(condition=models.Q(('checkpoint_bytes__gt', 0), ('result_bytes__gt', 0), _connector='OR'), fields=['owner'], name='job_owner_storage'),
         ),
     ]
