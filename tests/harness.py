@@ -283,13 +283,12 @@ class Beat:
         self.log_path = workdir / "beat.log"
 
     def start(self, redis_url: str) -> Beat:
-        from clockq.stack.roles import control_worker_argv
+        from clockq.stack.roles import beat_argv, control_worker_argv
 
         env = {**os.environ, **self.env, "REDIS_URL": redis_url}
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        beat = [sys.executable, "-m", "celery", "-A", "clockq", "beat", "--loglevel", self.loglevel]
         # --max-interval: how often beat looks at the table for edits (DatabaseScheduler: 5 s).
-        beat += ["--scheduler", "django_celery_beat.schedulers:DatabaseScheduler", "--max-interval", "1"]
+        beat = [*beat_argv(self.loglevel), "--max-interval", "1"]
         beat += ["--pidfile", str(self.workdir / "beat.pid"), "--schedule", str(self.workdir / "beat-schedule")]
         for argv in (control_worker_argv(), beat):
             self.procs.append(
@@ -333,11 +332,13 @@ class FlowerServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, redis_url: str, timeout: float = 60) -> FlowerServer:
+        from clockq.stack.roles import flower_argv
+
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWER_")}
         env |= {"REDIS_URL": redis_url, "FLOWER_BASIC_AUTH": ",".join(f"{u}:{p}" for u, p in self.logins.items())}
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "clockq.flower", "--address=127.0.0.1", f"--port={self.port}"],
+            flower_argv("127.0.0.1", self.port),
             cwd=ROOT,
             env=env,
             stdout=self.log,

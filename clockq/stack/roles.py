@@ -56,11 +56,11 @@ def web_argv(bind: str, port: int) -> list[str]:
     ]
 
 
-def beat_argv() -> list[str]:
+def beat_argv(loglevel: str = "INFO") -> list[str]:
     """Celery beat, reading its schedule from the database (django-celery-beat), where operators
     edit it in the admin."""
     return [
-        *(sys.executable, "-m", "celery", "-A", "clockq", "beat", "--loglevel", "INFO"),
+        *(sys.executable, "-m", "celery", "-A", "clockq", "beat", "--loglevel", loglevel),
         *("--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"),
     ]
 

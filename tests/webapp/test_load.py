@@ -21,7 +21,6 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 import time
 
 import pytest
@@ -34,6 +33,7 @@ from clockq.bus import queues
 from clockq.bus.dispatch import publish_dispatch
 from clockq.jobs import workloads
 from clockq.jobs.models import Job, JobEvent, QueueTier
+from clockq.stack.roles import web_argv
 from tests.harness import ROOT, free_port, wait_for
 from tests.helpers import database_url, token_auth
 
@@ -50,16 +50,13 @@ P95_LIMIT_MS = 300.0
 
 @pytest.fixture
 def web_server(transactional_db, redis_server, tmp_path):
-    """gunicorn as `make run` starts it (clockq/management/commands/runstack.py), serving the test
+    """gunicorn as `make run` starts it (clockq/stack/roles.py), serving the test
     database; its base URL."""
     port = free_port()
     log_path = tmp_path / "gunicorn.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "gunicorn", "clockq.wsgi:application"),
-                *("--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"),
-            ],
+            web_argv("127.0.0.1", port),
             cwd=ROOT,
             env={**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_server.url},
             stdout=log,
