@@ -29,13 +29,10 @@ from redis import RedisError
 from clockq.bus import counters, persists, queues, signals
 from clockq.bus.client import client
 from clockq.jobs import hot_sql, quotas, workloads
-from clockq.jobs import metrics as job_metrics
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import Manifest, ResultError, ResultStorageError
 from clockq.jobs.transitions import transition
-from clockq.policy.metrics import Series
-from clockq.policy.metrics import clean as clean_metrics
 from clockq.policy.slicing import (
     Boundary,
     BoundaryAction,
@@ -54,6 +51,7 @@ from workers.lease import lease_until
 from workers.persister import POPULATE_FROM_BYTES, Persist, Snapshot
 from workers.run.claim import ClaimedJob, claim_job
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
+from workers.run.metrics_recorder import MetricsRecorder
 from workers.runtime import STORAGE_PROBE_EVERY_S, Runtime, TierInfo
 from workers.workloads import registry
 from workers.workloads.base import JobRefused, RunContext, StartAbandoned, Workload
@@ -162,12 +160,7 @@ class JobRun:
         self.saved_progress = self.progress
         self.saved_checkpoint_bytes = self.checkpoint_bytes
         self.last_checkpoint_at = time.monotonic()
-        # Metric curves, loaded when the workload first reports one; saved with checkpoints.
-        self.curves: dict[str, Series] | None = None
-        self.curves_changed: set[str] = set()  # names with points not saved yet
-        self.curves_stored: set[str] = set()  # names with a row in the database
-        self.metrics_warned = False
-        self.last_step: int | None = None
+        self.metrics = MetricsRecorder(job.id)
         # What this claim's restore adds to the job's switch cost: the restore of a checkpoint,
         # not a first start's setup (framework import, model build), which no switch repeats.
         self.restore_ms = 0.0
@@ -223,7 +216,8 @@ class JobRun:
             self.runtime.interrupts.clear(self.job_id)
             if workload is not None:
                 if keep_warm and self.files:
-                    self.runtime.warm.put(self.job_id, self.files[0], workload, self.checkpoint_bytes, self.curves)
+                    curves = self.metrics.curves
+                    self.runtime.warm.put(self.job_id, self.files[0], workload, self.checkpoint_bytes, curves)
                 else:
                     self.runtime.warm.drop(self.job_id)
                     _close(workload, self.job_id)
@@ -248,8 +242,7 @@ class JobRun:
             # The same job came back to this worker, still at the checkpoint it left, with the
             # curves saved with that checkpoint. Its snapshot may still be copied out of it.
             self.runtime.persister.settle(self.job_id)
-            self.curves = warm.curves
-            self.curves_stored = set(warm.curves or ())
+            self.metrics.adopt(warm.curves)
             return warm.workload
         # A cold restore: the workload's setup (a framework import, a model build, its memory)
         # and the checkpoint's read can take seconds, and an RT job must not wait for them.
@@ -372,7 +365,7 @@ class JobRun:
                     if not math.isfinite(progress):
                         raise ValueError(f"step() returned {progress}, not a progress in [0, 1]")
                     if records := workload.metrics():
-                        self._record_metrics(records)
+                        self.metrics.record(records)
                     record.steps += 1
                     self.progress = min(max(progress, 0.0), 1.0)
                     if self.progress >= 1.0:
@@ -547,27 +540,6 @@ class JobRun:
         except ResultStorageError as exc:
             raise StorageError(str(exc)) from exc
 
-    def _record_metrics(self, records) -> None:
-        if self.curves is None:
-            self.curves = job_metrics.load(self.job_id)
-            self.curves_stored = set(self.curves)
-        kept, problems = clean_metrics(records, set(self.curves))
-        if problems and not self.metrics_warned:  # once a claim: a program may send junk every step
-            self.metrics_warned = True
-            log.warning("job %s: metric records dropped: %s", self.job_id, "; ".join(problems[:3]))
-        for step, name, value in kept:
-            self.curves.setdefault(name, Series()).add(step, value)
-            self.last_step = step if self.last_step is None else max(self.last_step, step)
-            self.curves_changed.add(name)
-
-    def _save_metrics(self) -> None:
-        """With a checkpoint (or the finish): the curves never run ahead of the work that was
-        kept, so a slice lost later adds no point past the checkpoint the job resumes from."""
-        if self.curves is not None and self.curves_changed:
-            job_metrics.save(self.job_id, self.curves, self.curves_changed, self.curves_stored)
-            self.curves_stored |= self.curves_changed
-            self.curves_changed = set()
-
     def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
         """Jobs waiting per tier, from the broker's queue lengths: the cheap first look. When
         they say someone waits ahead, the database confirms it (`_read_boundary`).
@@ -607,7 +579,7 @@ class JobRun:
                 raise LostOwnership("job changed under this worker")
             self._note_return()
             if checkpointed:
-                self._save_metrics()
+                self.metrics.save()
             # The next slice starts where this one ends, so a slice lost later never overlaps it.
             self._save_slice(record, SliceOutcome.CONTINUED, ended_at=now)
         if checkpointed:
@@ -721,7 +693,7 @@ class JobRun:
             if changed is None:
                 raise LostOwnership("job changed under this worker")
             if outcome in (SliceOutcome.YIELDED, SliceOutcome.COMPLETED):
-                self._save_metrics()  # checkpointed or finished; a failed slice's are rolled back
+                self.metrics.save()  # checkpointed or finished; a failed slice's are rolled back
             self._save_slice(record, outcome)
 
     def _save_slice(self, record: SliceRecord, outcome: SliceOutcome, ended_at: datetime | None = None) -> None:
@@ -742,7 +714,7 @@ class JobRun:
                 "checkpoint_ms": record.checkpoint_ms,
                 "restore_ms": record.restore_ms,
                 "gpu_util": record.gpu_util,
-                "last_step": self.last_step,
+                "last_step": self.metrics.last_step,
                 "preempted": record.preempted,
             },
         )
@@ -800,7 +772,7 @@ class JobRun:
         """Forget the slice's own work: back to the last checkpoint the database knows. A
         promoted job had its slice, good or not, and goes back to its own tier."""
         self._return_home()
-        self.curves, self.curves_changed = None, set()  # its metric points go with its work
+        self.metrics.forget()  # its metric points go with its work
         # Back to the files the database names; the generation number stays, never reused.
         self._discard_snapshot()
         self.files, self.progress = list(self.saved_files), self.saved_progress
