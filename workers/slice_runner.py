@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import logging
 import math
-import threading
 import time
 import traceback
 from concurrent.futures import Future
@@ -28,7 +27,7 @@ from redis import RedisError
 
 from clockq.bus import counters, persists, queues, signals
 from clockq.bus.client import client
-from clockq.jobs import hot_sql, quotas, workloads
+from clockq.jobs import hot_sql
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import Manifest, ResultError, ResultStorageError
@@ -46,9 +45,9 @@ from clockq.policy.slicing import (
 )
 from clockq.policy.states import JobState
 from workers import shutdown
-from workers.checkpoints import KEEP_GENERATIONS, RestoreAbandoned, StorageError, checkpoint_name, generation_of
+from workers.checkpoints import RestoreAbandoned, StorageError
 from workers.lease import lease_until
-from workers.persister import POPULATE_FROM_BYTES, Persist, Snapshot
+from workers.run.checkpointer import Checkpointer, generation_label, is_checkpoint_name
 from workers.run.claim import ClaimedJob, claim_job
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
@@ -147,26 +146,15 @@ class JobRun:
         # A promoted job runs one slice in the higher tier, then returns to its own (home) tier.
         self.home: TierInfo = runtime.tiers.get(job.original_tier_id)
         self.returning_from: TierInfo | None = None  # set until the return is written
-        # Checkpoint generations are numbered from the highest ever named, and never reused: not
-        # after a fallback, not after a rollback (workers/checkpoints.py).
-        self.generation = job.checkpoint_generation
-        self.files: list[str] = list(job.checkpoint_files or [])  # restore candidates, newest first
-        self.checkpoint_bytes = job.checkpoint_bytes  # size of the newest checkpoint
+        self.checkpoints = Checkpointer(job, runtime)
         self.progress = job.progress
         self.util_ewma = job.util_ewma
         self.switch_cost_ms = job.switch_cost_ms
-        # What the database holds as the last good checkpoint; a failure rolls back to it.
-        self.saved_files = list(self.files)
-        self.saved_progress = self.progress
-        self.saved_checkpoint_bytes = self.checkpoint_bytes
-        self.last_checkpoint_at = time.monotonic()
         self.metrics = MetricsRecorder(job.id)
         # What this claim's restore adds to the job's switch cost: the restore of a checkpoint,
         # not a first start's setup (framework import, model build), which no switch repeats.
         self.restore_ms = 0.0
-        self.unpersisted: tuple[str, Snapshot] | None = None  # a snapshot taken, until its name commits
         self.prefetch: Future[BoundaryRead] | None = None  # the boundary's read, made during the last step
-        self.marked_ahead: tuple[str, float] | None = None  # BoundaryRead.marked, until the checkpoint
         self.finish_pending = False  # done, but its result waits for room on the storage
 
     def run(self) -> RunOutcome:
@@ -190,7 +178,7 @@ class JobRun:
                 return self._make_way_during_restore(record, str(exc))
             record.restore_ms = (time.perf_counter() - t0) * 1000
             self.restore_ms = record.restore_ms if self.job.checkpoint_files else 0.0
-            self._reserve_snapshot_memory()
+            self.checkpoints.reserve_memory()
             self.runtime.probe_load(workload)
             self.runtime.note_switch_in(time.perf_counter(), record.restore_ms)
             while True:
@@ -210,14 +198,16 @@ class JobRun:
         except (QuotaExceeded, JobRefused, ResultError) as exc:
             return self._fail_at_once(exc, record)
         finally:
-            self._discard_snapshot()  # taken but never named: the run ended before its update
+            self.checkpoints.discard_snapshot()  # taken but never named: the run ended before its update
             self.runtime.leases.release()
             self.runtime.probe_load(None)
             self.runtime.interrupts.clear(self.job_id)
             if workload is not None:
-                if keep_warm and self.files:
+                if keep_warm and self.checkpoints.files:
                     curves = self.metrics.curves
-                    self.runtime.warm.put(self.job_id, self.files[0], workload, self.checkpoint_bytes, curves)
+                    self.runtime.warm.put(
+                        self.job_id, self.checkpoints.files[0], workload, self.checkpoints.nbytes, curves
+                    )
                 else:
                     self.runtime.warm.drop(self.job_id)
                     _close(workload, self.job_id)
@@ -236,7 +226,7 @@ class JobRun:
         return SliceRecord(timezone.now(), plan)
 
     def _restore(self) -> Workload:
-        current = self.files[0] if self.files else None
+        current = self.checkpoints.files[0] if self.checkpoints.files else None
         warm = self.runtime.warm.take(self.job_id, current) if current else None
         if warm is not None:
             # The same job came back to this worker, still at the checkpoint it left, with the
@@ -272,7 +262,7 @@ class JobRun:
         state = self.runtime.persister.pending(self.job_id, current)
         if state is not None:
             return state  # this worker took the snapshot and has yet to write it
-        names = [name for name in self.files if _is_name(name)]
+        names = [name for name in self.checkpoints.files if is_checkpoint_name(name)]
         restored = self.runtime.store.restore(
             self.job_id,
             names,
@@ -282,21 +272,21 @@ class JobRun:
         )
         if restored.name == current:
             return restored.state
-        bad = [name for name in self.files if name not in names]
+        bad = [name for name in self.checkpoints.files if name not in names]
         reasons = list(restored.skipped) + [f"{name!r} is not a checkpoint name" for name in bad]
         fallback = (
             f"restored generation {restored.generation}"
             if restored.name
             else "no good checkpoint left, restarting from the beginning"
         )
-        self._note(f"checkpoint generation {_generation(current)} unusable ({'; '.join(reasons)}); {fallback}")
-        kept = self.files[self.files.index(restored.name) :] if restored.name else []
+        self._note(f"checkpoint generation {generation_label(current)} unusable ({'; '.join(reasons)}); {fallback}")
+        kept = self.checkpoints.files[self.checkpoints.files.index(restored.name) :] if restored.name else []
         # Take the unusable ones off the job now, so the next claim does not wait for them too.
         if not Job.objects.filter(pk=self.job_id, state=RUNNING, dispatch_token=self.token).update(
             checkpoint_files=kept
         ):
             raise LostOwnership("job changed under this worker")
-        self.files = self.saved_files = kept
+        self.checkpoints.fall_back(kept)
         return restored.state
 
     def _rt_wants_gpu(self) -> bool:
@@ -327,14 +317,6 @@ class JobRun:
             {},
         )
         return RunOutcome.YIELDED
-
-    def _reserve_snapshot_memory(self) -> None:
-        """A job with a big state gets a snapshot buffer made ready while it runs, in the
-        background, so that an RT job preempting it does not wait for the memory to be mapped."""
-        nbytes = self.checkpoint_bytes or workloads.declared_state_bytes(self.job.workload, self.job.params)
-        snapshots = self.runtime.snapshots
-        if nbytes >= POPULATE_FROM_BYTES and not snapshots.ready_for(nbytes):  # no thread per claim
-            threading.Thread(target=snapshots.reserve, args=(nbytes,), name="clockq-reserve", daemon=True).start()
 
     def _writer_of(self, name: str) -> str | None:
         """The worker still writing this checkpoint of the job, if any (clockq/bus/persists.py)."""
@@ -398,7 +380,7 @@ class JobRun:
         read = self._prefetched() if not (done or record.cut_short) else None
         if read is None:
             read = self._read_boundary(done, record.cut_short)
-        self.marked_ahead = read.marked
+        self.checkpoints.marked_ahead = read.marked
         row, waiting = read.row, read.waiting
         if row is None or row["state"] != RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
@@ -417,7 +399,7 @@ class JobRun:
                 past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
                 shutting_down=self.runtime.shutting_down(),
                 cut_short=record.cut_short,
-                checkpoints_failing=not done and self.runtime.checkpoints_failing(self.checkpoint_bytes),
+                checkpoints_failing=not done and self.runtime.checkpoints_failing(self.checkpoints.nbytes),
             )
         )
         action = decision.action
@@ -449,7 +431,8 @@ class JobRun:
             self._continue(workload, record)
             return None
         target, outcome = _LEAVE_GPU[action]
-        self._checkpoint(workload, record, park=target == JobState.QUEUED)
+        parked = target == JobState.QUEUED  # its workload waits in the warm cache
+        record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(workload, park=parked)
         # This job's switch cost, so the planner keeps its switching within the overhead budget:
         # its own checkpoint and restore, plus this worker's measured requeue-hop-claim overhead.
         # Until that is measured it is left out, not guessed: a worker's first claims pay its
@@ -462,7 +445,7 @@ class JobRun:
         self._end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
         if target == JobState.QUEUED:
             self.runtime.switch_out(record.compute_end, record.checkpoint_ms)  # before the persist is queued
-        self._persist()
+        self.checkpoints.persist()
         return outcome
 
     def _wait_for_room_to_finish(self, workload: Workload, record: SliceRecord, exc: StorageError) -> None:
@@ -496,7 +479,7 @@ class JobRun:
             read = self._read_boundary(done=False, cut_short=False)
             self.runtime.boundary_read_s = ewma(self.runtime.boundary_read_s, time.perf_counter() - began)
             if read.queued is not None and waiting_ahead(self.home.rank, read.queued):
-                name = checkpoint_name(self.generation + 1, self.token)
+                name = self.checkpoints.next_name()
                 if self.runtime.persister.mark(self.job_id, name):
                     read = replace(read, marked=(name, time.monotonic()))
             return read
@@ -562,12 +545,9 @@ class JobRun:
         return waiting
 
     def _continue(self, workload: Workload, record: SliceRecord) -> None:
-        every = settings.CLOCKQ_CHECKPOINT_EVERY_S
-        checkpointed = bool(every) and time.monotonic() - self.last_checkpoint_at >= every
-        # While checkpoints cannot be written the job keeps its work on the GPU, not on a disk.
-        checkpointed = checkpointed and not self.runtime.checkpoints_failing(self.checkpoint_bytes)
+        checkpointed = self.checkpoints.due()
         if checkpointed:
-            self._checkpoint(workload, record)
+            record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(workload)
         now = timezone.now()
         with transaction.atomic():
             updated = hot_sql.update(
@@ -583,79 +563,15 @@ class JobRun:
             # The next slice starts where this one ends, so a slice lost later never overlaps it.
             self._save_slice(record, SliceOutcome.CONTINUED, ended_at=now)
         if checkpointed:
-            self._persist()
-            self.saved_files, self.saved_progress = list(self.files), self.progress
-            self.saved_checkpoint_bytes = self.checkpoint_bytes
-
-    def _checkpoint(self, workload: Workload, record: SliceRecord, park: bool = False) -> None:
-        """Snapshot the state into host memory and name the next generation. The caller's
-        ownership-checked update then names it on the job, and only after that commits is it
-        written, in the background (`_persist`): the GPU does not wait for the disk.
-
-        With `park` (the job yields to its queue, and its workload waits in the warm cache,
-        unchanged), the copy into host memory is made in the background too, so the GPU does
-        not wait for it either; the workload is neither stepped nor closed before the copy is
-        done (Persister.settle)."""
-        t0 = time.perf_counter()
-        with workload_errors():
-            state = workload.snapshot()
-            chunks = [state] if isinstance(state, bytes | bytearray | memoryview) else list(state)
-            nbytes = sum(memoryview(c).nbytes for c in chunks)
-        if nbytes > self.checkpoint_bytes:
-            # The state grew (or this is the first checkpoint): does the owner have room for it?
-            quotas.check_checkpoint(self.job_id, self.job.owner_id, nbytes)
-        name = checkpoint_name(self.generation + 1, self.token)
-        persister = self.runtime.persister
-        # After a failed persist, write the next one at once, so the storage is tried again now.
-        snapshot = None if persister.take_failure(self.job_id) else self.runtime.snapshots.take(state, background=park)
-        if snapshot is not None and not self._marked_ahead(name) and not persister.mark(self.job_id, name):
-            self.runtime.snapshots.release(snapshot)  # a claim elsewhere could not tell it is coming
-            snapshot = None
-        if snapshot is None:
-            # Over the snapshot memory bound, or the previous persist failed, or no mark: write it
-            # now. Outside workload_errors: a storage failure raises StorageError, not the job's.
-            self.runtime.store.write(self.job_id, name, state)
-            self.runtime.storage_works()
-        self.unpersisted = (name, snapshot) if snapshot is not None else None
-        record.checkpoint_bytes = nbytes
-        record.checkpoint_ms = (time.perf_counter() - t0) * 1000
-        self.generation += 1
-        self.files = _names_to_keep([name, *self.files], persister.unwritten(self.job_id))
-        self.checkpoint_bytes = nbytes
-        self.last_checkpoint_at = time.monotonic()
-
-    def _marked_ahead(self, name: str) -> bool:
-        """Whether the boundary's read, during the last step, already marked `name`, recently
-        enough that the mark outlives the update that names it (its persist then refreshes it)."""
-        marked, self.marked_ahead = self.marked_ahead, None
-        return marked is not None and marked[0] == name and time.monotonic() - marked[1] < persists.TTL_S / 2
-
-    def _persist(self) -> None:
-        """The update naming the new checkpoint committed: write it, or, if it was written
-        before the update, prune what it replaces."""
-        unpersisted, self.unpersisted = self.unpersisted, None
-        if unpersisted is not None:
-            name, snapshot = unpersisted
-            self.runtime.persister.submit(Persist(self.job_id, name, snapshot, tuple(self.files)))
-        else:
-            self.runtime.store.prune(self.job_id, self.files)
-
-    def _discard_snapshot(self) -> None:
-        """The checkpoint was never named (the job was lost or rolled back): free its memory."""
-        unpersisted, self.unpersisted = self.unpersisted, None
-        if unpersisted is not None:
-            name, snapshot = unpersisted
-            self.runtime.snapshots.release(snapshot)
-            self.runtime.persister.unmark(self.job_id, name)
+            self.checkpoints.persist()
+            self.checkpoints.keep(self.progress)
 
     def _progress_fields(self, record: SliceRecord) -> dict[str, Any]:
         fields = {
             "progress": self.progress,
             "run_ms": F("run_ms") + int(record.used_ms),
             "slice_count": F("slice_count") + 1,
-            "checkpoint_generation": self.generation,
-            "checkpoint_files": self.files,
-            "checkpoint_bytes": self.checkpoint_bytes,
+            **self.checkpoints.fields(),
             "util_ewma": self.util_ewma,
         }
         if self.returning_from is not None:
@@ -739,7 +655,7 @@ class JobRun:
         reason = (
             f"failed {failures} time(s), over the retry limit of {limit}: {exc!r}"
             if give_up
-            else f"rolled back to checkpoint generation {self._saved_generation()} after {exc!r}; "
+            else f"rolled back to checkpoint generation {self.checkpoints.saved_generation()} after {exc!r}; "
             f"retry {failures} of {limit}"
         )
         self._roll_back()
@@ -759,7 +675,7 @@ class JobRun:
         self._roll_back()
         reason = (
             f"checkpoint storage failed ({exc}); not counted against the job, "
-            f"back in the queue from checkpoint generation {self._saved_generation()}"
+            f"back in the queue from checkpoint generation {self.checkpoints.saved_generation()}"
         )
         try:
             self._end(record, SliceOutcome.FAULT, JobState.QUEUED, reason[:1000], {})
@@ -774,12 +690,7 @@ class JobRun:
         self._return_home()
         self.metrics.forget()  # its metric points go with its work
         # Back to the files the database names; the generation number stays, never reused.
-        self._discard_snapshot()
-        self.files, self.progress = list(self.saved_files), self.saved_progress
-        self.checkpoint_bytes = self.saved_checkpoint_bytes
-
-    def _saved_generation(self) -> int | str:
-        return _generation(self.saved_files[0]) if self.saved_files else 0
+        self.progress = self.checkpoints.roll_back()
 
     def _fail_at_once(self, exc: Exception, record: SliceRecord) -> RunOutcome:
         """The job cannot run as things are: its state outgrew its owner's storage quota, or this
@@ -814,26 +725,3 @@ def _close(workload: Workload, job_id: int) -> None:
         workload.close()
     except Exception:
         log.exception("job %s: workload close failed", job_id)
-
-
-def _is_name(name: object) -> bool:
-    try:
-        generation_of(name)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def _generation(name: object) -> int | str:
-    return generation_of(name) if _is_name(name) else repr(name)  # type: ignore[arg-type]
-
-
-def _names_to_keep(names: list[str], unwritten: set[str]) -> list[str]:
-    """The newest checkpoint and those before it, back to a written one to fall back to (and
-    KEEP_GENERATIONS in all, at least): names this worker has yet to write are not enough."""
-    kept: list[str] = []
-    for name in names:
-        kept.append(name)
-        if len(kept) >= KEEP_GENERATIONS and name not in unwritten:
-            break
-    return kept
