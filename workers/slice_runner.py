@@ -7,7 +7,6 @@ and goes back to the tail of its tier's queue. Every database write is a compare
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import time
@@ -30,7 +29,7 @@ from clockq.bus.client import client
 from clockq.jobs import hot_sql
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.jobs.quotas import QuotaExceeded
-from clockq.jobs.results import Manifest, ResultError, ResultStorageError
+from clockq.jobs.results import ResultError
 from clockq.jobs.transitions import transition
 from clockq.policy.slicing import (
     Boundary,
@@ -44,22 +43,20 @@ from clockq.policy.slicing import (
     waiting_ahead,
 )
 from clockq.policy.states import JobState
-from workers import shutdown
 from workers.checkpoints import RestoreAbandoned, StorageError
 from workers.lease import lease_until
 from workers.run.checkpointer import Checkpointer, generation_label, is_checkpoint_name
 from workers.run.claim import ClaimedJob, claim_job
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
-from workers.runtime import STORAGE_PROBE_EVERY_S, Runtime, TierInfo
+from workers.run.result_writer import ResultWriter, succeeded_fields
+from workers.runtime import Runtime, TierInfo
 from workers.workloads import registry
 from workers.workloads.base import JobRefused, RunContext, StartAbandoned, Workload
 
 log = logging.getLogger("clockq.slices")
 
 RUNNING = JobState.RUNNING
-# Errors of the storage itself (full, over quota, read-only, failing), whoever's write met them.
-_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 LISTEN_TIMEOUT_S = 2.0  # how long a fresh worker waits for its signal subscription before a claim
 
 
@@ -151,6 +148,7 @@ class JobRun:
         self.util_ewma = job.util_ewma
         self.switch_cost_ms = job.switch_cost_ms
         self.metrics = MetricsRecorder(job.id)
+        self.results = ResultWriter(job.id, runtime)
         # What this claim's restore adds to the job's switch cost: the restore of a checkpoint,
         # not a first start's setup (framework import, model build), which no switch repeats.
         self.restore_ms = 0.0
@@ -405,26 +403,19 @@ class JobRun:
         action = decision.action
         if action == BoundaryAction.FINISH:
             try:
-                result = self._store_result(workload)  # durably, before the job counts as succeeded
+                result = self.results.store(workload)  # durably, before the job counts as succeeded
             except StorageError as exc:
                 if self.runtime.shutting_down():
                     raise  # a stopping worker cannot wait: back to the queue, uncharged
                 self._wait_for_room_to_finish(workload, record, exc)
                 return None
             self.finish_pending = False
-            now = timezone.now()
             self._end(
                 record,
                 SliceOutcome.COMPLETED,
                 JobState.SUCCEEDED,
                 decision.reason,
-                {
-                    "finished_at": now,
-                    "progress": 1.0,
-                    "result_files": result.as_json(),
-                    "result_bytes": result.total_bytes,
-                    "result_stored_at": now if result.files else None,
-                },
+                succeeded_fields(result, timezone.now()),
             )
             return RunOutcome.SUCCEEDED
         if action == BoundaryAction.CONTINUE:
@@ -452,9 +443,7 @@ class JobRun:
         """The job is done but its result cannot be stored (the checkpoint storage fails): it
         keeps its GPU, and its work, and tries again a moment later, holding its lease, rather
         than go back to its queue and do the work since its last checkpoint again."""
-        log.warning("job %s: done, waiting for room to store its result: %s", self.job_id, exc)
-        self.runtime.storage_failed(str(exc))
-        shutdown.requested.wait(STORAGE_PROBE_EVERY_S)
+        self.results.wait_for_room(exc)
         self._continue(workload, record)  # renews the lease, records the wait as a slice
         self.finish_pending = True
 
@@ -501,27 +490,6 @@ class JobRun:
         if read.row is None or read.row["state"] != RUNNING or read.row["dispatch_token"] != self.token:
             return None  # the job is not ours any more: a decision that grave is made on a fresh read
         return read
-
-    def _store_result(self, workload: Workload) -> Manifest:
-        """The workload writes its result into a staging folder, which the store checks and
-        puts in place. A crash after this and before the job's final write only means the job
-        resumes from its last checkpoint and finishes (and stores its result) again."""
-        try:
-            staged = self.runtime.results.staging(self.job_id)
-            try:
-                with workload_errors():
-                    workload.write_result(staged)
-            except SliceFailed as exc:
-                # The staging folder is on the checkpoint storage: a full or failing disk there is
-                # the storage's fault, not the job's, whoever's code hit it.
-                if isinstance(exc.__cause__, OSError) and exc.__cause__.errno in _STORAGE_ERRNOS:
-                    raise StorageError(f"writing the result of job {self.job_id}: {exc.__cause__}") from exc
-                raise
-            manifest = self.runtime.results.store(self.job_id, staged)
-            self.runtime.storage_works()
-            return manifest
-        except ResultStorageError as exc:
-            raise StorageError(str(exc)) from exc
 
     def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
         """Jobs waiting per tier, from the broker's queue lengths: the cheap first look. When
