@@ -50,7 +50,8 @@ from workers.run.claim import ClaimedJob, claim_job
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
 from workers.run.result_writer import ResultWriter, succeeded_fields
-from workers.runtime import Runtime, TierInfo
+from workers.run.tiers import RunTiers
+from workers.runtime import Runtime
 from workers.workloads import registry
 from workers.workloads.base import JobRefused, RunContext, StartAbandoned, Workload
 
@@ -139,10 +140,7 @@ class JobRun:
         self.job_id = job.id
         self.runtime = runtime
         self.token = job.dispatch_token
-        self.tier: TierInfo = runtime.tiers.get(job.tier_id)
-        # A promoted job runs one slice in the higher tier, then returns to its own (home) tier.
-        self.home: TierInfo = runtime.tiers.get(job.original_tier_id)
-        self.returning_from: TierInfo | None = None  # set until the return is written
+        self.tiers = RunTiers.of(job, runtime.tiers)
         self.checkpoints = Checkpointer(job, runtime)
         self.progress = job.progress
         self.util_ewma = job.util_ewma
@@ -157,7 +155,7 @@ class JobRun:
 
     def run(self) -> RunOutcome:
         self.runtime.leases.hold(self.job_id, self.token)
-        self.runtime.account_rt_claim(self.tier.rank)
+        self.runtime.account_rt_claim(self.tiers.current.rank)
         record = self._new_record()
         workload = None
         keep_warm = False
@@ -214,8 +212,8 @@ class JobRun:
 
     def _new_record(self) -> SliceRecord:
         plan = plan_slice(
-            base_ms=self.tier.base_slice_ms,
-            min_ms=self.tier.min_slice_ms,
+            base_ms=self.tiers.current.base_slice_ms,
+            min_ms=self.tiers.current.min_slice_ms,
             avg_util=self.util_ewma,
             switch_cost_ms=self.switch_cost_ms,
             overhead_budget=settings.CLOCKQ_OVERHEAD_BUDGET,
@@ -293,9 +291,9 @@ class JobRun:
         after the restore and one step. Every busy GPU heard the RT signal; as at a step
         (`_waiting_by_rank`), the one that takes the RT job from the unclaimed count makes way,
         and the others go on (and forget the signal, which was answered)."""
-        if not self.runtime.interrupts.rt_waits(self.tier.rank):
+        if not self.runtime.interrupts.rt_waits(self.tiers.current.rank):
             return False
-        waiting = self._waiting_by_rank(self.home.rank, cut_short=True)  # [] if the broker is down
+        waiting = self._waiting_by_rank(self.tiers.home.rank, cut_short=True)  # [] if the broker is down
         if waiting and waiting[0]:
             return True
         self.runtime.interrupts.clear_rt()
@@ -324,7 +322,7 @@ class JobRun:
             return f"(unknown: the broker cannot be read: {exc})"  # wait, up to the bound
 
     def _run_slice(self, workload: Workload, record: SliceRecord) -> bool:
-        interrupts, rank = self.runtime.interrupts, self.tier.rank
+        interrupts, rank = self.runtime.interrupts, self.tiers.current.rank
         start = last = time.perf_counter()
         budget_s = record.plan.ms / 1000.0
         step_s = 0.0  # the last step's length: the next one is likely as long
@@ -383,15 +381,15 @@ class JobRun:
         if row is None or row["state"] != RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
         self.runtime.interrupts.clear(self.job_id)
-        if row["tier_id"] != self.tier.id:  # moved by an operator while running
-            self.tier = self.runtime.tiers.get(row["tier_id"])
-        self._return_home()  # decide as a job of its own tier from here on
+        if row["tier_id"] != self.tiers.current.id:  # moved by an operator while running
+            self.tiers.current = self.runtime.tiers.get(row["tier_id"])
+        self.tiers.return_home()  # decide as a job of its own tier from here on
         if read.queued is not None:
             waiting = read.queued
         decision = decide_at_boundary(
             Boundary(
                 done=done,
-                job_rank=self.tier.rank,
+                job_rank=self.tiers.current.rank,
                 waiting_by_rank=waiting,
                 pending_action=PendingAction(row["pending_action"]),
                 past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
@@ -451,11 +449,11 @@ class JobRun:
         """What a boundary decides from: the broker's queue lengths, the job's row, and the
         database's queued counts when the broker says someone waits ahead (it may hold stale or
         duplicate messages that would cause a needless switch)."""
-        waiting = [] if done else self._waiting_by_rank(self.home.rank, cut_short)
+        waiting = [] if done else self._waiting_by_rank(self.tiers.home.rank, cut_short)
         row = hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
         queued = None
-        if not cut_short and waiting_ahead(self.home.rank, waiting):
-            queued = hot_sql.queued_by_rank(self.home.rank, len(waiting))
+        if not cut_short and waiting_ahead(self.tiers.home.rank, waiting):
+            queued = hot_sql.queued_by_rank(self.tiers.home.rank, len(waiting))
         return BoundaryRead(waiting, row, queued)
 
     def _prefetch_boundary(self) -> BoundaryRead:
@@ -467,7 +465,7 @@ class JobRun:
             began = time.perf_counter()
             read = self._read_boundary(done=False, cut_short=False)
             self.runtime.boundary_read_s = ewma(self.runtime.boundary_read_s, time.perf_counter() - began)
-            if read.queued is not None and waiting_ahead(self.home.rank, read.queued):
+            if read.queued is not None and waiting_ahead(self.tiers.home.rank, read.queued):
                 name = self.checkpoints.next_name()
                 if self.runtime.persister.mark(self.job_id, name):
                     read = replace(read, marked=(name, time.monotonic()))
@@ -484,7 +482,7 @@ class JobRun:
         prefetch, self.prefetch = self.prefetch, None
         if prefetch is None or not prefetch.done() or prefetch.exception() is not None:
             return None  # not done in time (the GPU does not wait for it), or it failed
-        if self.runtime.interrupts.should_end_slice(self.job_id, self.tier.rank):
+        if self.runtime.interrupts.should_end_slice(self.job_id, self.tiers.current.rank):
             return None
         read = prefetch.result()
         if read.row is None or read.row["state"] != RUNNING or read.row["dispatch_token"] != self.token:
@@ -542,21 +540,15 @@ class JobRun:
             **self.checkpoints.fields(),
             "util_ewma": self.util_ewma,
         }
-        if self.returning_from is not None:
-            fields["tier_id"] = self.home.id
+        if self.tiers.returning_from is not None:
+            fields["tier_id"] = self.tiers.home.id
         return fields
-
-    def _return_home(self) -> None:
-        """After its one slice in a higher tier, a promoted job belongs to its own tier again;
-        the next write of the job says so (and the job's history with it)."""
-        if self.tier.id != self.home.id:
-            self.returning_from, self.tier = self.tier, self.home
 
     def _note_return(self) -> None:
         """In the transaction that wrote the return."""
-        if self.returning_from is not None:
-            self._note(f"returned to {self.home.code} after one slice in {self.returning_from.code}")
-            self.returning_from = None
+        if self.tiers.returning_from is not None:
+            self._note(f"returned to {self.tiers.home.code} after one slice in {self.tiers.returning_from.code}")
+            self.tiers.returning_from = None
 
     def _end(self, record: SliceRecord, outcome: SliceOutcome, to: JobState, reason: str, extra: dict) -> None:
         """Leave RUNNING, with the slice recorded in the same transaction."""
@@ -572,7 +564,7 @@ class JobRun:
                 actor=self.runtime.identity.hostname,
                 rotate_token=to in (JobState.QUEUED, JobState.HELD),
                 updates=updates,
-                queue_name=self.tier.queue_name,
+                queue_name=self.tiers.current.queue_name,
             )
             if changed is None:
                 raise LostOwnership("job changed under this worker")
@@ -604,7 +596,7 @@ class JobRun:
         )
         switched = outcome == SliceOutcome.YIELDED
         counters.count_slice(
-            tier=self.home.code,
+            tier=self.tiers.home.code,
             outcome=outcome,
             used_ms=int(record.used_ms),
             switch_ms=record.checkpoint_ms + record.restore_ms if switched else None,
@@ -655,7 +647,7 @@ class JobRun:
     def _roll_back(self) -> None:
         """Forget the slice's own work: back to the last checkpoint the database knows. A
         promoted job had its slice, good or not, and goes back to its own tier."""
-        self._return_home()
+        self.tiers.return_home()
         self.metrics.forget()  # its metric points go with its work
         # Back to the files the database names; the generation number stays, never reused.
         self.progress = self.checkpoints.roll_back()
