@@ -11,20 +11,18 @@ import logging
 import math
 import time
 import traceback
-from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
-from django.db import connection as db_connection
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 from redis import RedisError
 
-from clockq.bus import counters, persists, queues, signals
+from clockq.bus import counters, persists, signals
 from clockq.bus.client import client
 from clockq.jobs import hot_sql
 from clockq.jobs.models import Job, JobEvent, Slice
@@ -32,19 +30,16 @@ from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import ResultError
 from clockq.jobs.transitions import transition
 from clockq.policy.slicing import (
-    Boundary,
     BoundaryAction,
-    PendingAction,
     SliceOutcome,
     SlicePlan,
-    decide_at_boundary,
     ewma,
     plan_slice,
-    waiting_ahead,
 )
 from clockq.policy.states import JobState
 from workers.checkpoints import RestoreAbandoned, StorageError
 from workers.lease import lease_until
+from workers.run.boundary import SliceBoundary, prefetch_lead_s
 from workers.run.checkpointer import Checkpointer, generation_label, is_checkpoint_name
 from workers.run.claim import ClaimedJob, claim_job
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
@@ -91,15 +86,6 @@ class SliceRecord:
     compute_end: float = 0.0  # perf_counter when its last step ended
 
 
-@dataclass(frozen=True)
-class BoundaryRead:
-    waiting: list[int]  # dispatch messages in the broker per tier rank, most urgent first
-    row: dict[str, Any] | None  # the job's state, dispatch_token, pending_action and tier_id
-    queued: list[int] | None  # queued jobs in the database per rank: set when the broker says someone waits
-    # The next checkpoint's persist mark, set ahead when the read foresaw a yield: (name, when).
-    marked: tuple[str, float] | None = None
-
-
 # Where a job goes when it leaves the GPU without finishing, and what the run reports.
 _LEAVE_GPU: dict[BoundaryAction, tuple[JobState, RunOutcome]] = {
     BoundaryAction.YIELD: (JobState.QUEUED, RunOutcome.YIELDED),
@@ -124,14 +110,6 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
     return outcome
 
 
-def prefetch_lead_s(step_s: float, read_s: float, budget_s: float) -> float:
-    """How long before a slice's end its boundary read starts: one step ahead (the last step),
-    and at least twice the read's own time, so that a slice of short steps gets it done too; but
-    not earlier than a quarter of the slice, so that a read that stalled once does not make every
-    later decision stale."""
-    return max(step_s, min(2 * read_s, budget_s / 4))
-
-
 class JobRun:
     """One claim of one job on one worker: from restore to finish, yield or failure."""
 
@@ -142,6 +120,7 @@ class JobRun:
         self.token = job.dispatch_token
         self.tiers = RunTiers.of(job, runtime.tiers)
         self.checkpoints = Checkpointer(job, runtime)
+        self.boundary = SliceBoundary(job, runtime, self.tiers, self.checkpoints)
         self.progress = job.progress
         self.util_ewma = job.util_ewma
         self.switch_cost_ms = job.switch_cost_ms
@@ -150,7 +129,6 @@ class JobRun:
         # What this claim's restore adds to the job's switch cost: the restore of a checkpoint,
         # not a first start's setup (framework import, model build), which no switch repeats.
         self.restore_ms = 0.0
-        self.prefetch: Future[BoundaryRead] | None = None  # the boundary's read, made during the last step
         self.finish_pending = False  # done, but its result waits for room on the storage
 
     def run(self) -> RunOutcome:
@@ -168,7 +146,7 @@ class JobRun:
                 return self._make_way_during_restore(record, str(exc))
             try:
                 with workload_errors():
-                    workload.ready(abandon=self._rt_wants_gpu)  # a switch's cost (a program's start)
+                    workload.ready(abandon=self.boundary.rt_wants_gpu)  # a switch's cost (a program's start)
             except StartAbandoned as exc:
                 record.restore_ms = (time.perf_counter() - t0) * 1000
                 return self._make_way_during_restore(record, str(exc))
@@ -232,7 +210,7 @@ class JobRun:
             return warm.workload
         # A cold restore: the workload's setup (a framework import, a model build, its memory)
         # and the checkpoint's read can take seconds, and an RT job must not wait for them.
-        if current and self._rt_wants_gpu():
+        if current and self.boundary.rt_wants_gpu():
             raise RestoreAbandoned("before its setup")
         work_dir = self.runtime.store.work_dir(self.job_id)
         with workload_errors():
@@ -242,7 +220,7 @@ class JobRun:
             )
         if current:
             try:
-                if self._rt_wants_gpu():
+                if self.boundary.rt_wants_gpu():
                     raise RestoreAbandoned("after its setup, before reading its checkpoint")
                 state = self._read_checkpoint(current)
             except (StorageError, RestoreAbandoned):
@@ -264,7 +242,7 @@ class JobRun:
             names,
             wait_s=settings.CLOCKQ_PERSIST_WAIT_S,
             writer_of=self._writer_of,
-            abandon=self._rt_wants_gpu,
+            abandon=self.boundary.rt_wants_gpu,
         )
         if restored.name == current:
             return restored.state
@@ -284,20 +262,6 @@ class JobRun:
             raise LostOwnership("job changed under this worker")
         self.checkpoints.fall_back(kept)
         return restored.state
-
-    def _rt_wants_gpu(self) -> bool:
-        """During a cold restore, which can wait seconds for another worker's persist of a big
-        state, or a program's start: whether an RT job should have this GPU now, instead of
-        after the restore and one step. Every busy GPU heard the RT signal; as at a step
-        (`_waiting_by_rank`), the one that takes the RT job from the unclaimed count makes way,
-        and the others go on (and forget the signal, which was answered)."""
-        if not self.runtime.interrupts.rt_waits(self.tiers.current.rank):
-            return False
-        waiting = self._waiting_by_rank(self.tiers.home.rank, cut_short=True)  # [] if the broker is down
-        if waiting and waiting[0]:
-            return True
-        self.runtime.interrupts.clear_rt()
-        return False
 
     def _make_way_during_restore(self, record: SliceRecord, when: str) -> RunOutcome:
         """Give the GPU to an RT job before the restore is done. The job goes back to its queue
@@ -327,7 +291,7 @@ class JobRun:
         budget_s = record.plan.ms / 1000.0
         step_s = 0.0  # the last step's length: the next one is likely as long
         done = False
-        self.prefetch = None
+        self.boundary.new_slice()
         self.runtime.sampler.start()
         try:
             with workload_errors():
@@ -336,8 +300,8 @@ class JobRun:
                     # the boundary decides from while they run, so the GPU does not wait for that
                     # read after them.
                     lead_s = prefetch_lead_s(step_s, self.runtime.boundary_read_s, budget_s)
-                    if self.prefetch is None and last + lead_s - start >= budget_s:
-                        self.prefetch = self.runtime.boundary_reader.submit(self._prefetch_boundary)
+                    if last + lead_s - start >= budget_s:
+                        self.boundary.read_ahead()
                     progress = float(workload.step())
                     step_s, last = time.perf_counter() - last, time.perf_counter()
                     if not math.isfinite(progress):
@@ -368,36 +332,8 @@ class JobRun:
     # --- the boundary ------------------------------------------------------------------------
 
     def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> RunOutcome | None:
-        """Finish, continue (None) or leave the GPU, as the policy decides.
-
-        It decides from the job's row, the broker's queue lengths and, only when those say someone
-        waits ahead of it, the queued counts in the database that confirm it (`_read_boundary`),
-        read during the slice's last step when that could be foreseen."""
-        read = self._prefetched() if not (done or record.cut_short) else None
-        if read is None:
-            read = self._read_boundary(done, record.cut_short)
-        self.checkpoints.marked_ahead = read.marked
-        row, waiting = read.row, read.waiting
-        if row is None or row["state"] != RUNNING or row["dispatch_token"] != self.token:
-            raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
-        self.runtime.interrupts.clear(self.job_id)
-        if row["tier_id"] != self.tiers.current.id:  # moved by an operator while running
-            self.tiers.current = self.runtime.tiers.get(row["tier_id"])
-        self.tiers.return_home()  # decide as a job of its own tier from here on
-        if read.queued is not None:
-            waiting = read.queued
-        decision = decide_at_boundary(
-            Boundary(
-                done=done,
-                job_rank=self.tiers.current.rank,
-                waiting_by_rank=waiting,
-                pending_action=PendingAction(row["pending_action"]),
-                past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
-                shutting_down=self.runtime.shutting_down(),
-                cut_short=record.cut_short,
-                checkpoints_failing=not done and self.runtime.checkpoints_failing(self.checkpoints.nbytes),
-            )
-        )
+        """Finish, continue (None) or leave the GPU, as the policy decides."""
+        decision = self.boundary.decide(done, record.cut_short)
         action = decision.action
         if action == BoundaryAction.FINISH:
             try:
@@ -444,71 +380,6 @@ class JobRun:
         self.results.wait_for_room(exc)
         self._continue(workload, record)  # renews the lease, records the wait as a slice
         self.finish_pending = True
-
-    def _read_boundary(self, done: bool, cut_short: bool) -> BoundaryRead:
-        """What a boundary decides from: the broker's queue lengths, the job's row, and the
-        database's queued counts when the broker says someone waits ahead (it may hold stale or
-        duplicate messages that would cause a needless switch)."""
-        waiting = [] if done else self._waiting_by_rank(self.tiers.home.rank, cut_short)
-        row = hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
-        queued = None
-        if not cut_short and waiting_ahead(self.tiers.home.rank, waiting):
-            queued = hot_sql.queued_by_rank(self.tiers.home.rank, len(waiting))
-        return BoundaryRead(waiting, row, queued)
-
-    def _prefetch_boundary(self) -> BoundaryRead:
-        """`_read_boundary` for a slice that ends on time, on the runtime's reader thread. When the
-        read says the job will likely yield, the next checkpoint's persist mark is set here too,
-        another round trip off the GPU's path (a mark for a checkpoint never named is ignored,
-        and expires)."""
-        try:
-            began = time.perf_counter()
-            read = self._read_boundary(done=False, cut_short=False)
-            self.runtime.boundary_read_s = ewma(self.runtime.boundary_read_s, time.perf_counter() - began)
-            if read.queued is not None and waiting_ahead(self.tiers.home.rank, read.queued):
-                name = self.checkpoints.next_name()
-                if self.runtime.persister.mark(self.job_id, name):
-                    read = replace(read, marked=(name, time.monotonic()))
-            return read
-        except Exception:
-            db_connection.close()  # the reader thread's own connection: a broken one is not kept
-            raise
-
-    def _prefetched(self) -> BoundaryRead | None:
-        """The read made during the last step, if it is done and nothing happened since that it
-        could have missed: an RT job or an operator's change signals the worker, and then the
-        boundary reads afresh. (A job of another tier queued during those last steps waits for the
-        next boundary, as if it had come a little later.)"""
-        prefetch, self.prefetch = self.prefetch, None
-        if prefetch is None or not prefetch.done() or prefetch.exception() is not None:
-            return None  # not done in time (the GPU does not wait for it), or it failed
-        if self.runtime.interrupts.should_end_slice(self.job_id, self.tiers.current.rank):
-            return None
-        read = prefetch.result()
-        if read.row is None or read.row["state"] != RUNNING or read.row["dispatch_token"] != self.token:
-            return None  # the job is not ours any more: a decision that grave is made on a fresh read
-        return read
-
-    def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
-        """Jobs waiting per tier, from the broker's queue lengths: the cheap first look. When
-        they say someone waits ahead, the database confirms it (`_read_boundary`).
-
-        After an RT interrupt only RT counts, and only for the one busy GPU that takes the RT job
-        from the counter of unclaimed ones (clockq/bus/signals.py): every busy GPU heard the signal,
-        and one checkpoint per RT job is enough."""
-        try:
-            waiting = queues.waiting_by_rank()
-        except RedisError as exc:
-            # With the broker down nothing can be dispatched anyway: keep the GPU busy.
-            log.warning("job %s: cannot read queue lengths (%s); continuing", self.job_id, exc)
-            return []
-        if cut_short:
-            # Of all the busy GPUs that heard the RT signal, one per RT job makes way.
-            if rank > 0 and waiting[0] and signals.take_rt_job(client()):
-                self.runtime.made_way_for_rt = True
-            else:
-                waiting[0] = 0
-        return waiting
 
     def _continue(self, workload: Workload, record: SliceRecord) -> None:
         checkpointed = self.checkpoints.due()

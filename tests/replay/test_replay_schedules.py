@@ -161,11 +161,11 @@ def test_the_workers_and_beat_call_the_same_policy_functions():
     from clockq.jobs import kpi_rollup
     from clockq.jobs import promotion as live_promotion
     from workers import slice_runner
-    from workers.run import claim
+    from workers.run import boundary, claim
 
     assert slice_runner.plan_slice is slicing.plan_slice
-    assert slice_runner.decide_at_boundary is slicing.decide_at_boundary
-    assert slice_runner.waiting_ahead is slicing.waiting_ahead
+    assert boundary.decide_at_boundary is slicing.decide_at_boundary
+    assert boundary.waiting_ahead is slicing.waiting_ahead
     assert claim.judge_wait is service_levels.judge_wait
     assert live_promotion.rules is promotion  # promotion_tick and batch chances: rules.decide_round ...
     assert kpi_rollup.finished_on_time is service_levels.finished_on_time

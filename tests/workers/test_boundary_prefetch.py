@@ -14,8 +14,10 @@ from clockq.jobs import services
 from clockq.jobs.models import Job
 from tests.helpers import submit
 from workers.persister import Persister
+from workers.run.boundary import SliceBoundary as JobRun
+from workers.run.boundary import prefetch_lead_s
 from workers.runtime import Runtime, WorkerIdentity
-from workers.slice_runner import JobRun, RunOutcome, prefetch_lead_s, run_dispatch
+from workers.slice_runner import RunOutcome, run_dispatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
