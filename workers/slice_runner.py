@@ -8,10 +8,8 @@ and goes back to the tail of its tier's queue. Every database write is a compare
 from __future__ import annotations
 
 import logging
-import math
 import time
 import traceback
-from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -32,19 +30,18 @@ from clockq.jobs.transitions import transition
 from clockq.policy.slicing import (
     BoundaryAction,
     SliceOutcome,
-    SlicePlan,
     ewma,
-    plan_slice,
 )
 from clockq.policy.states import JobState
 from workers.checkpoints import RestoreAbandoned, StorageError
 from workers.lease import lease_until
-from workers.run.boundary import SliceBoundary, prefetch_lead_s
+from workers.run.boundary import SliceBoundary
 from workers.run.checkpointer import Checkpointer, generation_label, is_checkpoint_name
 from workers.run.claim import ClaimedJob, claim_job
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
 from workers.run.result_writer import ResultWriter, succeeded_fields
+from workers.run.steps import SliceRecord, StepLoop
 from workers.run.tiers import RunTiers
 from workers.runtime import Runtime
 from workers.workloads import registry
@@ -69,21 +66,6 @@ class RunOutcome(StrEnum):
     STORAGE_FAULT = "storage-fault"  # checkpoint storage failed; back in its queue, not charged
     FAILED = "failed"  # the workload raised once too often
     LOST_OWNERSHIP = "lost-ownership"  # cancelled or taken back by the reaper while running
-
-
-@dataclass
-class SliceRecord:
-    started_at: datetime
-    plan: SlicePlan
-    used_ms: float = 0.0
-    steps: int = 0
-    restore_ms: float = 0.0
-    checkpoint_bytes: int = 0
-    checkpoint_ms: float = 0.0
-    gpu_util: float | None = None
-    cut_short: bool = False  # ended at a step by an interrupt, before its time was up
-    preempted: bool = False  # and made way for an RT job
-    compute_end: float = 0.0  # perf_counter when its last step ended
 
 
 # Where a job goes when it leaves the GPU without finishing, and what the run reports.
@@ -121,10 +103,8 @@ class JobRun:
         self.tiers = RunTiers.of(job, runtime.tiers)
         self.checkpoints = Checkpointer(job, runtime)
         self.boundary = SliceBoundary(job, runtime, self.tiers, self.checkpoints)
-        self.progress = job.progress
-        self.util_ewma = job.util_ewma
-        self.switch_cost_ms = job.switch_cost_ms
         self.metrics = MetricsRecorder(job.id)
+        self.steps = StepLoop(job, runtime, tiers=self.tiers, boundary=self.boundary, metrics=self.metrics)
         self.results = ResultWriter(job.id, runtime)
         # What this claim's restore adds to the job's switch cost: the restore of a checkpoint,
         # not a first start's setup (framework import, model build), which no switch repeats.
@@ -134,7 +114,7 @@ class JobRun:
     def run(self) -> RunOutcome:
         self.runtime.leases.hold(self.job_id, self.token)
         self.runtime.account_rt_claim(self.tiers.current.rank)
-        record = self._new_record()
+        record = self.steps.plan()
         workload = None
         keep_warm = False
         try:
@@ -156,12 +136,12 @@ class JobRun:
             self.runtime.probe_load(workload)
             self.runtime.note_switch_in(time.perf_counter(), record.restore_ms)
             while True:
-                done = self.finish_pending or self._run_slice(workload, record)
+                done = self.finish_pending or self.steps.run_slice(workload, record)
                 outcome = self._at_boundary(workload, record, done)
                 if outcome is not None:
                     keep_warm = outcome == RunOutcome.YIELDED
                     return outcome
-                record = self._new_record()
+                record = self.steps.plan()
         except LostOwnership as exc:
             log.info("job %s: stopping, %s", self.job_id, exc)
             return RunOutcome.LOST_OWNERSHIP
@@ -187,17 +167,6 @@ class JobRun:
                     _close(workload, self.job_id)
 
     # --- the slice -------------------------------------------------------------------------
-
-    def _new_record(self) -> SliceRecord:
-        plan = plan_slice(
-            base_ms=self.tiers.current.base_slice_ms,
-            min_ms=self.tiers.current.min_slice_ms,
-            avg_util=self.util_ewma,
-            switch_cost_ms=self.switch_cost_ms,
-            overhead_budget=settings.CLOCKQ_OVERHEAD_BUDGET,
-            max_ms=settings.CLOCKQ_MAX_SLICE_MS,
-        )
-        return SliceRecord(timezone.now(), plan)
 
     def _restore(self) -> Workload:
         current = self.checkpoints.files[0] if self.checkpoints.files else None
@@ -285,50 +254,6 @@ class JobRun:
         except RedisError as exc:
             return f"(unknown: the broker cannot be read: {exc})"  # wait, up to the bound
 
-    def _run_slice(self, workload: Workload, record: SliceRecord) -> bool:
-        interrupts, rank = self.runtime.interrupts, self.tiers.current.rank
-        start = last = time.perf_counter()
-        budget_s = record.plan.ms / 1000.0
-        step_s = 0.0  # the last step's length: the next one is likely as long
-        done = False
-        self.boundary.new_slice()
-        self.runtime.sampler.start()
-        try:
-            with workload_errors():
-                while True:
-                    # Likely the slice's last step, or one of the last few short ones: read what
-                    # the boundary decides from while they run, so the GPU does not wait for that
-                    # read after them.
-                    lead_s = prefetch_lead_s(step_s, self.runtime.boundary_read_s, budget_s)
-                    if last + lead_s - start >= budget_s:
-                        self.boundary.read_ahead()
-                    progress = float(workload.step())
-                    step_s, last = time.perf_counter() - last, time.perf_counter()
-                    if not math.isfinite(progress):
-                        raise ValueError(f"step() returned {progress}, not a progress in [0, 1]")
-                    if records := workload.metrics():
-                        self.metrics.record(records)
-                    record.steps += 1
-                    self.progress = min(max(progress, 0.0), 1.0)
-                    if self.progress >= 1.0:
-                        done = True
-                        break
-                    if time.perf_counter() - start >= budget_s:
-                        break
-                    # An RT job waiting, or an operator's change, ends the slice at this step.
-                    if interrupts.should_end_slice(self.job_id, rank):
-                        record.cut_short = True
-                        break
-        finally:
-            record.compute_end = time.perf_counter()
-            record.used_ms = (record.compute_end - start) * 1000
-            stats = self.runtime.sampler.stop()
-            record.gpu_util = stats.mean_gpu_util
-            if record.gpu_util is not None:
-                self.util_ewma = ewma(self.util_ewma, record.gpu_util)
-            self.runtime.publisher.maybe_publish(stats.last)
-        return done
-
     # --- the boundary ------------------------------------------------------------------------
 
     def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> RunOutcome | None:
@@ -363,7 +288,7 @@ class JobRun:
         # Until that is measured it is left out, not guessed: a worker's first claims pay its
         # warm-up (connections, imports), and a guess from them stretched slices for many switches.
         cost = record.checkpoint_ms + self.restore_ms + (self.runtime.switch_overhead_ms or 0.0)
-        extra: dict[str, Any] = {"switch_cost_ms": ewma(self.switch_cost_ms, cost)}
+        extra: dict[str, Any] = {"switch_cost_ms": ewma(self.job.switch_cost_ms, cost)}
         if target == JobState.TIMED_OUT:
             extra["finished_at"] = timezone.now()
         record.preempted = record.cut_short and action == BoundaryAction.YIELD
@@ -401,15 +326,15 @@ class JobRun:
             self._save_slice(record, SliceOutcome.CONTINUED, ended_at=now)
         if checkpointed:
             self.checkpoints.persist()
-            self.checkpoints.keep(self.progress)
+            self.checkpoints.keep(self.steps.progress)
 
     def _progress_fields(self, record: SliceRecord) -> dict[str, Any]:
         fields = {
-            "progress": self.progress,
+            "progress": self.steps.progress,
             "run_ms": F("run_ms") + int(record.used_ms),
             "slice_count": F("slice_count") + 1,
             **self.checkpoints.fields(),
-            "util_ewma": self.util_ewma,
+            "util_ewma": self.steps.util_ewma,
         }
         if self.tiers.returning_from is not None:
             fields["tier_id"] = self.tiers.home.id
@@ -521,7 +446,7 @@ class JobRun:
         self.tiers.return_home()
         self.metrics.forget()  # its metric points go with its work
         # Back to the files the database names; the generation number stays, never reused.
-        self.progress = self.checkpoints.roll_back()
+        self.steps.progress = self.checkpoints.roll_back()
 
     def _fail_at_once(self, exc: Exception, record: SliceRecord) -> RunOutcome:
         """The job cannot run as things are: its state outgrew its owner's storage quota, or this

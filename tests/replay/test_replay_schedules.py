@@ -160,10 +160,9 @@ LIVE_POLICY = [
 def test_the_workers_and_beat_call_the_same_policy_functions():
     from clockq.jobs import kpi_rollup
     from clockq.jobs import promotion as live_promotion
-    from workers import slice_runner
-    from workers.run import boundary, claim
+    from workers.run import boundary, claim, steps
 
-    assert slice_runner.plan_slice is slicing.plan_slice
+    assert steps.plan_slice is slicing.plan_slice
     assert boundary.decide_at_boundary is slicing.decide_at_boundary
     assert boundary.waiting_ahead is slicing.waiting_ahead
     assert claim.judge_wait is service_levels.judge_wait
