@@ -18,10 +18,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from redis import RedisError
 
-from clockq.bus import counters, persists, signals
-from clockq.bus.client import client
+from clockq.bus import counters, signals
 from clockq.jobs import hot_sql
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.jobs.quotas import QuotaExceeded
@@ -36,16 +34,16 @@ from clockq.policy.states import JobState
 from workers.checkpoints import RestoreAbandoned, StorageError
 from workers.lease import lease_until
 from workers.run.boundary import SliceBoundary
-from workers.run.checkpointer import Checkpointer, generation_label, is_checkpoint_name
+from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob, claim_job
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
+from workers.run.restore import Restore, close_workload
 from workers.run.result_writer import ResultWriter, succeeded_fields
 from workers.run.steps import SliceRecord, StepLoop
 from workers.run.tiers import RunTiers
 from workers.runtime import Runtime
-from workers.workloads import registry
-from workers.workloads.base import JobRefused, RunContext, StartAbandoned, Workload
+from workers.workloads.base import JobRefused, StartAbandoned, Workload
 
 log = logging.getLogger("clockq.slices")
 
@@ -106,6 +104,14 @@ class JobRun:
         self.metrics = MetricsRecorder(job.id)
         self.steps = StepLoop(job, runtime, tiers=self.tiers, boundary=self.boundary, metrics=self.metrics)
         self.results = ResultWriter(job.id, runtime)
+        self.restore = Restore(
+            job,
+            runtime,
+            checkpoints=self.checkpoints,
+            metrics=self.metrics,
+            rt_wants_gpu=self.boundary.rt_wants_gpu,
+            note=self._note,
+        )
         # What this claim's restore adds to the job's switch cost: the restore of a checkpoint,
         # not a first start's setup (framework import, model build), which no switch repeats.
         self.restore_ms = 0.0
@@ -120,7 +126,7 @@ class JobRun:
         try:
             t0 = time.perf_counter()
             try:
-                workload = self._restore()
+                workload = self.restore.workload()
             except RestoreAbandoned as exc:
                 record.restore_ms = (time.perf_counter() - t0) * 1000
                 return self._make_way_during_restore(record, str(exc))
@@ -164,73 +170,9 @@ class JobRun:
                     )
                 else:
                     self.runtime.warm.drop(self.job_id)
-                    _close(workload, self.job_id)
+                    close_workload(workload, self.job_id)
 
     # --- the slice -------------------------------------------------------------------------
-
-    def _restore(self) -> Workload:
-        current = self.checkpoints.files[0] if self.checkpoints.files else None
-        warm = self.runtime.warm.take(self.job_id, current) if current else None
-        if warm is not None:
-            # The same job came back to this worker, still at the checkpoint it left, with the
-            # curves saved with that checkpoint. Its snapshot may still be copied out of it.
-            self.runtime.persister.settle(self.job_id)
-            self.metrics.adopt(warm.curves)
-            return warm.workload
-        # A cold restore: the workload's setup (a framework import, a model build, its memory)
-        # and the checkpoint's read can take seconds, and an RT job must not wait for them.
-        if current and self.boundary.rt_wants_gpu():
-            raise RestoreAbandoned("before its setup")
-        work_dir = self.runtime.store.work_dir(self.job_id)
-        with workload_errors():
-            workload = registry.create(self.job.workload, self.job.params)
-            workload.setup(
-                RunContext(self.job_id, self.runtime.identity.gpu_index, work_dir, settings.CLOCKQ_CACHE_DIR)
-            )
-        if current:
-            try:
-                if self.boundary.rt_wants_gpu():
-                    raise RestoreAbandoned("after its setup, before reading its checkpoint")
-                state = self._read_checkpoint(current)
-            except (StorageError, RestoreAbandoned):
-                _close(workload, self.job_id)
-                raise
-            if state is not None:
-                with workload_errors():
-                    workload.load_state_dict(state)
-        return workload
-
-    def _read_checkpoint(self, current: str) -> bytes | None:
-        """The state the database names, or the newest good one before it (saying why)."""
-        state = self.runtime.persister.pending(self.job_id, current)
-        if state is not None:
-            return state  # this worker took the snapshot and has yet to write it
-        names = [name for name in self.checkpoints.files if is_checkpoint_name(name)]
-        restored = self.runtime.store.restore(
-            self.job_id,
-            names,
-            wait_s=settings.CLOCKQ_PERSIST_WAIT_S,
-            writer_of=self._writer_of,
-            abandon=self.boundary.rt_wants_gpu,
-        )
-        if restored.name == current:
-            return restored.state
-        bad = [name for name in self.checkpoints.files if name not in names]
-        reasons = list(restored.skipped) + [f"{name!r} is not a checkpoint name" for name in bad]
-        fallback = (
-            f"restored generation {restored.generation}"
-            if restored.name
-            else "no good checkpoint left, restarting from the beginning"
-        )
-        self._note(f"checkpoint generation {generation_label(current)} unusable ({'; '.join(reasons)}); {fallback}")
-        kept = self.checkpoints.files[self.checkpoints.files.index(restored.name) :] if restored.name else []
-        # Take the unusable ones off the job now, so the next claim does not wait for them too.
-        if not Job.objects.filter(pk=self.job_id, state=RUNNING, dispatch_token=self.token).update(
-            checkpoint_files=kept
-        ):
-            raise LostOwnership("job changed under this worker")
-        self.checkpoints.fall_back(kept)
-        return restored.state
 
     def _make_way_during_restore(self, record: SliceRecord, when: str) -> RunOutcome:
         """Give the GPU to an RT job before the restore is done. The job goes back to its queue
@@ -246,13 +188,6 @@ class JobRun:
             {},
         )
         return RunOutcome.YIELDED
-
-    def _writer_of(self, name: str) -> str | None:
-        """The worker still writing this checkpoint of the job, if any (clockq/bus/persists.py)."""
-        try:
-            return persists.writer_of(client(), self.job_id, name)
-        except RedisError as exc:
-            return f"(unknown: the broker cannot be read: {exc})"  # wait, up to the bound
 
     # --- the boundary ------------------------------------------------------------------------
 
@@ -474,10 +409,3 @@ class JobRun:
             reason=reason[:2000],
             actor=self.runtime.identity.hostname,
         )
-
-
-def _close(workload: Workload, job_id: int) -> None:
-    try:
-        workload.close()
-    except Exception:
-        log.exception("job %s: workload close failed", job_id)
