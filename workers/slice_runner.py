@@ -10,21 +10,16 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
-from clockq.bus import counters, signals
-from clockq.jobs import hot_sql
-from clockq.jobs.models import Job, JobEvent, Slice
+from clockq.bus import signals
+from clockq.jobs.models import Job
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import ResultError
-from clockq.jobs.transitions import transition
 from clockq.policy.slicing import (
     BoundaryAction,
     SliceOutcome,
@@ -32,7 +27,6 @@ from clockq.policy.slicing import (
 )
 from clockq.policy.states import JobState
 from workers.checkpoints import RestoreAbandoned, StorageError
-from workers.lease import lease_until
 from workers.run.boundary import SliceBoundary
 from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob, claim_job
@@ -40,6 +34,7 @@ from workers.run.errors import LostOwnership, SliceFailed, workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
 from workers.run.restore import Restore, close_workload
 from workers.run.result_writer import ResultWriter, succeeded_fields
+from workers.run.slice_writes import SliceWrites
 from workers.run.steps import SliceRecord, StepLoop
 from workers.run.tiers import RunTiers
 from workers.runtime import Runtime
@@ -104,13 +99,16 @@ class JobRun:
         self.metrics = MetricsRecorder(job.id)
         self.steps = StepLoop(job, runtime, tiers=self.tiers, boundary=self.boundary, metrics=self.metrics)
         self.results = ResultWriter(job.id, runtime)
+        self.writes = SliceWrites(
+            job, runtime, tiers=self.tiers, checkpoints=self.checkpoints, steps=self.steps, metrics=self.metrics
+        )
         self.restore = Restore(
             job,
             runtime,
             checkpoints=self.checkpoints,
             metrics=self.metrics,
             rt_wants_gpu=self.boundary.rt_wants_gpu,
-            note=self._note,
+            note=self.writes.note,
         )
         # What this claim's restore adds to the job's switch cost: the restore of a checkpoint,
         # not a first start's setup (framework import, model build), which no switch repeats.
@@ -180,7 +178,7 @@ class JobRun:
         restoring from is still the one the database names (the next claim waits for it, or
         takes it warm from the worker that wrote it)."""
         record.cut_short = record.preempted = True
-        self._end(
+        self.writes.end(
             record,
             SliceOutcome.YIELDED,
             JobState.QUEUED,
@@ -204,7 +202,7 @@ class JobRun:
                 self._wait_for_room_to_finish(workload, record, exc)
                 return None
             self.finish_pending = False
-            self._end(
+            self.writes.end(
                 record,
                 SliceOutcome.COMPLETED,
                 JobState.SUCCEEDED,
@@ -227,7 +225,7 @@ class JobRun:
         if target == JobState.TIMED_OUT:
             extra["finished_at"] = timezone.now()
         record.preempted = record.cut_short and action == BoundaryAction.YIELD
-        self._end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
+        self.writes.end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
         if target == JobState.QUEUED:
             self.runtime.switch_out(record.compute_end, record.checkpoint_ms)  # before the persist is queued
         self.checkpoints.persist()
@@ -245,94 +243,10 @@ class JobRun:
         checkpointed = self.checkpoints.due()
         if checkpointed:
             record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(workload)
-        now = timezone.now()
-        with transaction.atomic():
-            updated = hot_sql.update(
-                Job,
-                {"id": self.job_id, "state": RUNNING, "dispatch_token": self.token},
-                {**self._progress_fields(record), "lease_expires_at": lease_until(), "slice_started_at": now},
-            )
-            if updated != 1:
-                raise LostOwnership("job changed under this worker")
-            self._note_return()
-            if checkpointed:
-                self.metrics.save()
-            # The next slice starts where this one ends, so a slice lost later never overlaps it.
-            self._save_slice(record, SliceOutcome.CONTINUED, ended_at=now)
+        self.writes.continued(record, checkpointed=checkpointed)
         if checkpointed:
             self.checkpoints.persist()
             self.checkpoints.keep(self.steps.progress)
-
-    def _progress_fields(self, record: SliceRecord) -> dict[str, Any]:
-        fields = {
-            "progress": self.steps.progress,
-            "run_ms": F("run_ms") + int(record.used_ms),
-            "slice_count": F("slice_count") + 1,
-            **self.checkpoints.fields(),
-            "util_ewma": self.steps.util_ewma,
-        }
-        if self.tiers.returning_from is not None:
-            fields["tier_id"] = self.tiers.home.id
-        return fields
-
-    def _note_return(self) -> None:
-        """In the transaction that wrote the return."""
-        if self.tiers.returning_from is not None:
-            self._note(f"returned to {self.tiers.home.code} after one slice in {self.tiers.returning_from.code}")
-            self.tiers.returning_from = None
-
-    def _end(self, record: SliceRecord, outcome: SliceOutcome, to: JobState, reason: str, extra: dict) -> None:
-        """Leave RUNNING, with the slice recorded in the same transaction."""
-        updates = {**self._progress_fields(record), **extra}  # before the return is noted
-        with transaction.atomic():
-            self._note_return()
-            changed = transition(
-                self.job_id,
-                to=to,
-                expect={RUNNING},
-                token=self.token,
-                reason=reason,
-                actor=self.runtime.identity.hostname,
-                rotate_token=to in (JobState.QUEUED, JobState.HELD),
-                updates=updates,
-                queue_name=self.tiers.current.queue_name,
-            )
-            if changed is None:
-                raise LostOwnership("job changed under this worker")
-            if outcome in (SliceOutcome.YIELDED, SliceOutcome.COMPLETED):
-                self.metrics.save()  # checkpointed or finished; a failed slice's are rolled back
-            self._save_slice(record, outcome)
-
-    def _save_slice(self, record: SliceRecord, outcome: SliceOutcome, ended_at: datetime | None = None) -> None:
-        hot_sql.insert(
-            Slice,
-            {
-                "job_id": self.job_id,
-                "worker": self.runtime.identity.hostname,
-                "gpu_index": self.runtime.identity.gpu_index,
-                "started_at": record.started_at,
-                "ended_at": ended_at or timezone.now(),
-                "planned_ms": record.plan.ms,
-                "plan_reason": record.plan.reason,
-                "used_ms": int(record.used_ms),
-                "steps": record.steps,
-                "outcome": outcome,
-                "checkpoint_bytes": record.checkpoint_bytes,
-                "checkpoint_ms": record.checkpoint_ms,
-                "restore_ms": record.restore_ms,
-                "gpu_util": record.gpu_util,
-                "last_step": self.metrics.last_step,
-                "preempted": record.preempted,
-            },
-        )
-        switched = outcome == SliceOutcome.YIELDED
-        counters.count_slice(
-            tier=self.tiers.home.code,
-            outcome=outcome,
-            used_ms=int(record.used_ms),
-            switch_ms=record.checkpoint_ms + record.restore_ms if switched else None,
-            writer=self.runtime.boundary_reader,
-        )
 
     # --- failure -----------------------------------------------------------------------------
 
@@ -354,7 +268,7 @@ class JobRun:
         if give_up:
             extra["finished_at"] = timezone.now()
         try:
-            self._end(record, SliceOutcome.FAILED, to, reason[:1000], extra)
+            self.writes.end(record, SliceOutcome.FAILED, to, reason[:1000], extra)
         except LostOwnership:
             return RunOutcome.LOST_OWNERSHIP
         return RunOutcome.FAILED if give_up else RunOutcome.RETRYING
@@ -369,7 +283,7 @@ class JobRun:
             f"back in the queue from checkpoint generation {self.checkpoints.saved_generation()}"
         )
         try:
-            self._end(record, SliceOutcome.FAULT, JobState.QUEUED, reason[:1000], {})
+            self.writes.end(record, SliceOutcome.FAULT, JobState.QUEUED, reason[:1000], {})
         except LostOwnership:
             return RunOutcome.LOST_OWNERSHIP
         self.runtime.storage_failed(str(exc))
@@ -390,7 +304,7 @@ class JobRun:
         log.warning("job %s: %s", self.job_id, exc)
         self._roll_back()
         try:
-            self._end(
+            self.writes.end(
                 record,
                 SliceOutcome.FAILED,
                 JobState.FAILED,
@@ -400,12 +314,3 @@ class JobRun:
         except LostOwnership:
             return RunOutcome.LOST_OWNERSHIP
         return RunOutcome.FAILED
-
-    def _note(self, reason: str) -> None:
-        JobEvent.objects.create(
-            job_id=self.job_id,
-            from_state=RUNNING,
-            to_state=RUNNING,
-            reason=reason[:2000],
-            actor=self.runtime.identity.hostname,
-        )
