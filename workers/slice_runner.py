@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
-from enum import StrEnum
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 
 from clockq.bus import signals
-from clockq.jobs.models import Job
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import ResultError
 from clockq.policy.slicing import (
@@ -31,7 +27,9 @@ from workers.run.boundary import SliceBoundary
 from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob, claim_job
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
+from workers.run.failures import SliceFailures
 from workers.run.metrics_recorder import MetricsRecorder
+from workers.run.outcome import RunOutcome
 from workers.run.restore import Restore, close_workload
 from workers.run.result_writer import ResultWriter, succeeded_fields
 from workers.run.slice_writes import SliceWrites
@@ -44,21 +42,6 @@ log = logging.getLogger("clockq.slices")
 
 RUNNING = JobState.RUNNING
 LISTEN_TIMEOUT_S = 2.0  # how long a fresh worker waits for its signal subscription before a claim
-
-
-class RunOutcome(StrEnum):
-    """What became of one dispatch message, as the task returns it (Celery logs it)."""
-
-    MALFORMED = "malformed"  # not a (job id, token) pair; dropped
-    STALE = "stale"  # the job is not queued with this token, or cannot run here now
-    SUCCEEDED = "succeeded"
-    YIELDED = "yielded"  # checkpointed and back in its queue
-    HELD = "held"
-    TIMED_OUT = "timed_out"
-    RETRYING = "retrying"  # the workload raised; back in its queue from the last checkpoint
-    STORAGE_FAULT = "storage-fault"  # checkpoint storage failed; back in its queue, not charged
-    FAILED = "failed"  # the workload raised once too often
-    LOST_OWNERSHIP = "lost-ownership"  # cancelled or taken back by the reaper while running
 
 
 # Where a job goes when it leaves the GPU without finishing, and what the run reports.
@@ -110,6 +93,9 @@ class JobRun:
             rt_wants_gpu=self.boundary.rt_wants_gpu,
             note=self.writes.note,
         )
+        self.failures = SliceFailures(
+            job.id, runtime, checkpoints=self.checkpoints, writes=self.writes, roll_back=self._roll_back
+        )
         # What this claim's restore adds to the job's switch cost: the restore of a checkpoint,
         # not a first start's setup (framework import, model build), which no switch repeats.
         self.restore_ms = 0.0
@@ -150,11 +136,11 @@ class JobRun:
             log.info("job %s: stopping, %s", self.job_id, exc)
             return RunOutcome.LOST_OWNERSHIP
         except SliceFailed as exc:
-            return self._after_failure(exc.__cause__ or exc, record)
+            return self.failures.after_failure(exc.__cause__ or exc, record)
         except StorageError as exc:
-            return self._after_storage_fault(exc, record)
+            return self.failures.after_storage_fault(exc, record)
         except (QuotaExceeded, JobRefused, ResultError) as exc:
-            return self._fail_at_once(exc, record)
+            return self.failures.fail_at_once(exc, record)
         finally:
             self.checkpoints.discard_snapshot()  # taken but never named: the run ended before its update
             self.runtime.leases.release()
@@ -250,45 +236,6 @@ class JobRun:
 
     # --- failure -----------------------------------------------------------------------------
 
-    def _after_failure(self, exc: BaseException, record: SliceRecord) -> RunOutcome:
-        error = "".join(traceback.format_exception(exc, limit=8))[-4000:]
-        log.warning("job %s: workload raised %r", self.job_id, exc)
-        failures = (Job.objects.filter(pk=self.job_id).values_list("failures", flat=True).first() or 0) + 1
-        limit = settings.CLOCKQ_MAX_RETRIES
-        give_up = failures > limit
-        to = JobState.FAILED if give_up else JobState.QUEUED
-        reason = (
-            f"failed {failures} time(s), over the retry limit of {limit}: {exc!r}"
-            if give_up
-            else f"rolled back to checkpoint generation {self.checkpoints.saved_generation()} after {exc!r}; "
-            f"retry {failures} of {limit}"
-        )
-        self._roll_back()
-        extra: dict[str, Any] = {"failures": failures, "last_error": error}
-        if give_up:
-            extra["finished_at"] = timezone.now()
-        try:
-            self.writes.end(record, SliceOutcome.FAILED, to, reason[:1000], extra)
-        except LostOwnership:
-            return RunOutcome.LOST_OWNERSHIP
-        return RunOutcome.FAILED if give_up else RunOutcome.RETRYING
-
-    def _after_storage_fault(self, exc: StorageError, record: SliceRecord) -> RunOutcome:
-        """The checkpoint storage failed: the job goes back to its queue from its last good
-        checkpoint, its failure count untouched, and this worker backs off."""
-        log.warning("job %s: %s", self.job_id, exc)
-        self._roll_back()
-        reason = (
-            f"checkpoint storage failed ({exc}); not counted against the job, "
-            f"back in the queue from checkpoint generation {self.checkpoints.saved_generation()}"
-        )
-        try:
-            self.writes.end(record, SliceOutcome.FAULT, JobState.QUEUED, reason[:1000], {})
-        except LostOwnership:
-            return RunOutcome.LOST_OWNERSHIP
-        self.runtime.storage_failed(str(exc))
-        return RunOutcome.STORAGE_FAULT
-
     def _roll_back(self) -> None:
         """Forget the slice's own work: back to the last checkpoint the database knows. A
         promoted job had its slice, good or not, and goes back to its own tier."""
@@ -296,21 +243,3 @@ class JobRun:
         self.metrics.forget()  # its metric points go with its work
         # Back to the files the database names; the generation number stays, never reused.
         self.steps.progress = self.checkpoints.roll_back()
-
-    def _fail_at_once(self, exc: Exception, record: SliceRecord) -> RunOutcome:
-        """The job cannot run as things are: its state outgrew its owner's storage quota, or this
-        worker refuses it (JobRefused). Retrying would only fail again, so it fails now, keeping
-        its last good checkpoint; an operator can fix the cause and requeue it."""
-        log.warning("job %s: %s", self.job_id, exc)
-        self._roll_back()
-        try:
-            self.writes.end(
-                record,
-                SliceOutcome.FAILED,
-                JobState.FAILED,
-                str(exc)[:1000],
-                {"last_error": str(exc), "finished_at": timezone.now()},
-            )
-        except LostOwnership:
-            return RunOutcome.LOST_OWNERSHIP
-        return RunOutcome.FAILED
