@@ -3,6 +3,8 @@
 At each slice boundary the job finishes, continues (nothing to make way for), or checkpoints
 and goes back to the tail of its tier's queue. Every database write is a compare-and-set on
 (state, dispatch token), so a stale or duplicate message can never run a job twice.
+
+This module is the sequence; each step is a part in workers/run/ that does one thing.
 """
 
 from __future__ import annotations
@@ -16,11 +18,7 @@ from django.utils import timezone
 from clockq.bus import signals
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import ResultError
-from clockq.policy.slicing import (
-    BoundaryAction,
-    SliceOutcome,
-    ewma,
-)
+from clockq.policy.slicing import BoundaryAction, SliceOutcome, ewma
 from clockq.policy.states import JobState
 from workers.checkpoints import RestoreAbandoned, StorageError
 from workers.run.boundary import SliceBoundary
@@ -40,7 +38,6 @@ from workers.workloads.base import JobRefused, StartAbandoned, Workload
 
 log = logging.getLogger("clockq.slices")
 
-RUNNING = JobState.RUNNING
 LISTEN_TIMEOUT_S = 2.0  # how long a fresh worker waits for its signal subscription before a claim
 
 
@@ -78,7 +75,7 @@ class JobRun:
         self.token = job.dispatch_token
         self.tiers = RunTiers.of(job, runtime.tiers)
         self.checkpoints = Checkpointer(job, runtime)
-        self.boundary = SliceBoundary(job, runtime, self.tiers, self.checkpoints)
+        self.boundary = SliceBoundary(job, runtime, tiers=self.tiers, checkpoints=self.checkpoints)
         self.metrics = MetricsRecorder(job.id)
         self.steps = StepLoop(job, runtime, tiers=self.tiers, boundary=self.boundary, metrics=self.metrics)
         self.results = ResultWriter(job.id, runtime)
@@ -102,6 +99,7 @@ class JobRun:
         self.finish_pending = False  # done, but its result waits for room on the storage
 
     def run(self) -> RunOutcome:
+        """Restore the workload, then slice after slice: step it, and decide at the boundary."""
         self.runtime.leases.hold(self.job_id, self.token)
         self.runtime.account_rt_claim(self.tiers.current.rank)
         record = self.steps.plan()
@@ -156,8 +154,6 @@ class JobRun:
                     self.runtime.warm.drop(self.job_id)
                     close_workload(workload, self.job_id)
 
-    # --- the slice -------------------------------------------------------------------------
-
     def _make_way_during_restore(self, record: SliceRecord, when: str) -> RunOutcome:
         """Give the GPU to an RT job before the restore is done. The job goes back to its queue
         as it was: nothing ran, so there is nothing to checkpoint, and the checkpoint it was
@@ -172,8 +168,6 @@ class JobRun:
             {},
         )
         return RunOutcome.YIELDED
-
-    # --- the boundary ------------------------------------------------------------------------
 
     def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> RunOutcome | None:
         """Finish, continue (None) or leave the GPU, as the policy decides."""
@@ -205,7 +199,8 @@ class JobRun:
         # This job's switch cost, so the planner keeps its switching within the overhead budget:
         # its own checkpoint and restore, plus this worker's measured requeue-hop-claim overhead.
         # Until that is measured it is left out, not guessed: a worker's first claims pay its
-        # warm-up (connections, imports), and a guess from them stretched slices for many switches.
+        # warm-up (connections, imports), so a guess from them would be too high, and would
+        # stretch this job's slices for many switches after the warm-up is over.
         cost = record.checkpoint_ms + self.restore_ms + (self.runtime.switch_overhead_ms or 0.0)
         extra: dict[str, Any] = {"switch_cost_ms": ewma(self.job.switch_cost_ms, cost)}
         if target == JobState.TIMED_OUT:
@@ -226,6 +221,7 @@ class JobRun:
         self.finish_pending = True
 
     def _continue(self, workload: Workload, record: SliceRecord) -> None:
+        """Another slice on this GPU, with a periodic checkpoint when one is due."""
         checkpointed = self.checkpoints.due()
         if checkpointed:
             record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(workload)
@@ -233,8 +229,6 @@ class JobRun:
         if checkpointed:
             self.checkpoints.persist()
             self.checkpoints.keep(self.steps.progress)
-
-    # --- failure -----------------------------------------------------------------------------
 
     def _roll_back(self) -> None:
         """Forget the slice's own work: back to the last checkpoint the database knows. A

@@ -53,7 +53,7 @@ def prefetch_lead_s(step_s: float, read_s: float, budget_s: float) -> float:
 class SliceBoundary:
     """Where one claim of a job asks the policy whether to finish, continue or leave the GPU."""
 
-    def __init__(self, job: ClaimedJob, runtime: Runtime, tiers: RunTiers, checkpoints: Checkpointer):
+    def __init__(self, job: ClaimedJob, runtime: Runtime, *, tiers: RunTiers, checkpoints: Checkpointer):
         self.job = job
         self.job_id = job.id
         self.token = job.dispatch_token
