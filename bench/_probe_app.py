@@ -27,22 +27,24 @@ __all__ = ["app"]
 
 _records: list[tuple[str, float, float]] = []
 
-# (module, attribute path): the steps of a switch in workers/slice_runner.py and what it calls.
-# A function is patched in the namespace its caller looks it up in: slice_runner calls
-# `queues.waiting_by_rank()` and `registry.create()` through their modules, but `transition` by its
-# own imported name, and clockq/jobs/transitions.py calls `publish_dispatch` by its imported name.
+# (module, attribute path): the steps of a switch in workers/slice_runner.py and its parts in
+# workers/run/, and what they call. A function is patched in the namespace its caller looks it up
+# in: the parts call `queues.waiting_by_rank()` and `registry.create()` through their modules, but
+# `transition` and `claim_job` by their own imported names, and clockq/jobs/transitions.py calls
+# `publish_dispatch` by its imported name.
 FUNCTIONS = (
     ("workers.slice_runner", "JobRun._at_boundary"),
     ("clockq.bus.queues", "waiting_by_rank"),
-    ("workers.slice_runner", "JobRun._checkpoint"),
+    ("workers.run.checkpointer", "Checkpointer.take"),
     ("clockq.jobs.checkpoints", "CheckpointStore.write"),
-    ("workers.slice_runner", "JobRun._end"),
-    ("workers.slice_runner", "transition"),
-    ("workers.slice_runner", "JobRun._save_slice"),
+    ("workers.run.slice_writes", "SliceWrites.end"),
+    ("workers.run.slice_writes", "transition"),
+    ("workers.run.slice_writes", "SliceWrites._save_slice"),
     ("clockq.jobs.transitions", "publish_dispatch"),
     ("workers.slice_runner", "claim_job"),
+    ("workers.run.claim", "transition"),
     ("workers.slice_runner", "JobRun.__init__"),
-    ("workers.slice_runner", "JobRun._restore"),
+    ("workers.run.restore", "Restore.workload"),
     ("workers.workloads.registry", "create"),
     ("clockq.jobs.checkpoints", "CheckpointStore.restore"),
     # The ORM's entry points, and its compile-and-execute (SQL built from a query, then run).

@@ -12,9 +12,9 @@ What keeps this safe:
   generation. A worker that claims a job whose newest checkpoint is still on its way waits for
   it, with a bound, then falls back to the one before (CheckpointStore.restore).
 - The job always names a durable generation to fall back to: the list of names the database
-  holds reaches back to the newest one written (slice_runner keeps it so). A worker that dies
-  with persists in flight loses those generations, and only those: the job resumes from the
-  newest one on disk, and its history says why.
+  holds reaches back to the newest one written (workers/run/checkpointer.py keeps it so). A
+  worker that dies with persists in flight loses those generations, and only those: the job
+  resumes from the newest one on disk, and its history says why.
 - Snapshots in flight hold at most CLOCKQ_SNAPSHOT_MEMORY_MB of host memory. When the bound is
   reached, the next checkpoint is written before the GPU is handed over, as it was before.
 - A worker that stops (SIGTERM) flushes its persists before it exits (`flush`).

@@ -254,9 +254,9 @@ class Runtime:
     @cached_property
     def boundary_reader(self) -> ThreadPoolExecutor:
         """One thread that reads what a slice boundary decides from while the slice's last step
-        runs (slice_runner: JobRun._read_boundary), with its own database connection. It also
-        writes the slice counters once a boundary commits (clockq/bus/counters.py), so the
-        switch does not wait for that round trip either."""
+        runs (workers/run/boundary.py), with its own database connection. It also writes the
+        slice counters once a boundary commits (clockq/bus/counters.py), so the switch does not
+        wait for that round trip either."""
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix="clockq-boundary")
 
     def probe_load(self, workload: Workload | None) -> None:

@@ -3,144 +3,42 @@
 At each slice boundary the job finishes, continues (nothing to make way for), or checkpoints
 and goes back to the tail of its tier's queue. Every database write is a compare-and-set on
 (state, dispatch token), so a stale or duplicate message can never run a job twice.
+
+This module is the sequence; each step is a part in workers/run/ that does one thing.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-import math
-import threading
 import time
-import traceback
-from collections.abc import Iterator
-from concurrent.futures import Future
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from datetime import datetime
-from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any
 
-from django.conf import settings
-from django.db import connection as db_connection
-from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
-from redis import RedisError
 
-from clockq.bus import counters, persists, queues, signals
-from clockq.bus.client import client
-from clockq.jobs import hot_sql, quotas, workloads
-from clockq.jobs import metrics as job_metrics
-from clockq.jobs.checkpoints import KEEP_GENERATIONS, RestoreAbandoned, StorageError, checkpoint_name, generation_of
-from clockq.jobs.models import Job, JobEvent, Slice
+from clockq.bus import signals
+from clockq.jobs.checkpoints import RestoreAbandoned, StorageError
 from clockq.jobs.quotas import QuotaExceeded
-from clockq.jobs.results import Manifest, ResultError, ResultStorageError
-from clockq.jobs.transitions import transition
-from clockq.policy.metrics import Series
-from clockq.policy.metrics import clean as clean_metrics
-from clockq.policy.service_levels import WaitVerdict, judge_wait
-from clockq.policy.slicing import (
-    Boundary,
-    BoundaryAction,
-    PendingAction,
-    SliceOutcome,
-    SlicePlan,
-    decide_at_boundary,
-    ewma,
-    plan_slice,
-    waiting_ahead,
-)
+from clockq.jobs.results import ResultError
+from clockq.policy.slicing import BoundaryAction, SliceOutcome, ewma
 from clockq.policy.states import JobState
-from workers import shutdown
-from workers.lease import lease_until
-from workers.persister import POPULATE_FROM_BYTES, Persist, Snapshot
-from workers.runtime import STORAGE_PROBE_EVERY_S, Runtime, TierInfo
-from workers.workloads import registry
-from workers.workloads.base import JobRefused, RunContext, StartAbandoned, Workload
+from workers.run.boundary import SliceBoundary
+from workers.run.checkpointer import Checkpointer
+from workers.run.claim import ClaimedJob, claim_job
+from workers.run.errors import LostOwnership, SliceFailed, workload_errors
+from workers.run.failures import SliceFailures
+from workers.run.metrics_recorder import MetricsRecorder
+from workers.run.outcome import RunOutcome
+from workers.run.restore import Restore, close_workload
+from workers.run.result_writer import ResultWriter, succeeded_fields
+from workers.run.slice_writes import SliceWrites
+from workers.run.steps import SliceRecord, StepLoop
+from workers.run.tiers import RunTiers
+from workers.runtime import Runtime
+from workers.workloads.base import JobRefused, StartAbandoned, Workload
 
 log = logging.getLogger("clockq.slices")
 
-RUNNING = JobState.RUNNING
-# Errors of the storage itself (full, over quota, read-only, failing), whoever's write met them.
-_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 LISTEN_TIMEOUT_S = 2.0  # how long a fresh worker waits for its signal subscription before a claim
-
-
-class RunOutcome(StrEnum):
-    """What became of one dispatch message, as the task returns it (Celery logs it)."""
-
-    MALFORMED = "malformed"  # not a (job id, token) pair; dropped
-    STALE = "stale"  # the job is not queued with this token, or cannot run here now
-    SUCCEEDED = "succeeded"
-    YIELDED = "yielded"  # checkpointed and back in its queue
-    HELD = "held"
-    TIMED_OUT = "timed_out"
-    RETRYING = "retrying"  # the workload raised; back in its queue from the last checkpoint
-    STORAGE_FAULT = "storage-fault"  # checkpoint storage failed; back in its queue, not charged
-    FAILED = "failed"  # the workload raised once too often
-    LOST_OWNERSHIP = "lost-ownership"  # cancelled or taken back by the reaper while running
-
-
-@dataclass(frozen=True)
-class ClaimedJob:
-    """What a worker reads about a job when it claims it; the rest stays in the database."""
-
-    id: int
-    dispatch_token: str
-    owner_id: int
-    tier_id: int
-    original_tier_id: int  # its own tier; differs while promoted for one slice
-    workload: str
-    params: dict[str, Any]
-    deadline: datetime | None
-    progress: float
-    checkpoint_generation: int  # the highest ever named
-    checkpoint_files: list[str]  # what to restore from, newest first
-    checkpoint_bytes: int
-    util_ewma: float | None
-    switch_cost_ms: float | None
-
-    FIELDS: ClassVar[tuple[str, ...]] = (
-        "id",
-        "dispatch_token",
-        "owner_id",
-        "tier_id",
-        "original_tier_id",
-        "workload",
-        "params",
-        "deadline",
-        "progress",
-        "checkpoint_generation",
-        "checkpoint_files",
-        "checkpoint_bytes",
-        "util_ewma",
-        "switch_cost_ms",
-    )
-
-
-@dataclass
-class SliceRecord:
-    started_at: datetime
-    plan: SlicePlan
-    used_ms: float = 0.0
-    steps: int = 0
-    restore_ms: float = 0.0
-    checkpoint_bytes: int = 0
-    checkpoint_ms: float = 0.0
-    gpu_util: float | None = None
-    cut_short: bool = False  # ended at a step by an interrupt, before its time was up
-    preempted: bool = False  # and made way for an RT job
-    compute_end: float = 0.0  # perf_counter when its last step ended
-
-
-@dataclass(frozen=True)
-class BoundaryRead:
-    waiting: list[int]  # dispatch messages in the broker per tier rank, most urgent first
-    row: dict[str, Any] | None  # the job's state, dispatch_token, pending_action and tier_id
-    queued: list[int] | None  # queued jobs in the database per rank: set when the broker says someone waits
-    # The next checkpoint's persist mark, set ahead when the read foresaw a yield: (name, when).
-    marked: tuple[str, float] | None = None
 
 
 # Where a job goes when it leaves the GPU without finishing, and what the run reports.
@@ -149,26 +47,6 @@ _LEAVE_GPU: dict[BoundaryAction, tuple[JobState, RunOutcome]] = {
     BoundaryAction.HOLD: (JobState.HELD, RunOutcome.HELD),
     BoundaryAction.TIME_OUT: (JobState.TIMED_OUT, RunOutcome.TIMED_OUT),
 }
-
-
-class LostOwnership(Exception):
-    """The job was cancelled, or taken back by the reaper, while this worker ran it."""
-
-
-class SliceFailed(Exception):
-    """The workload (or its checkpoint) raised; the job rolls back to its last checkpoint."""
-
-
-@contextmanager
-def workload_errors() -> Iterator[None]:
-    """Turn any error from workload code into SliceFailed, so that infrastructure errors
-    (database, broker) are never counted against the job."""
-    try:
-        yield
-    except (JobRefused, ResultError, StartAbandoned):
-        raise  # refused, not mended by a retry, or (StartAbandoned) no failure: the caller decides
-    except Exception as exc:
-        raise SliceFailed(repr(exc)) from exc
 
 
 def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
@@ -187,99 +65,6 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
     return outcome
 
 
-_CLAIM_ONLY_FIELDS = ("state", "enqueued_at", "submitted_at", "first_started_at", "late_at", "gpu_mem_mib")
-
-
-def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
-    """Take a queued job for this worker. None if the message is stale, or the job cannot run
-    here (its deadline passed, or it does not fit in this GPU's free memory)."""
-    row = hot_sql.select_one(Job, job_id, (*ClaimedJob.FIELDS, *_CLAIM_ONLY_FIELDS))
-    if row is None or row["state"] != JobState.QUEUED or row["dispatch_token"] != token:
-        log.info("job %s: dropping stale message (token %s)", job_id, token[:8])
-        return None
-    now = timezone.now()
-    worker = runtime.identity
-    if row["deadline"] and now >= row["deadline"]:
-        transition(
-            job_id,
-            to=JobState.TIMED_OUT,
-            expect={JobState.QUEUED},
-            token=token,
-            reason="deadline passed before the job could start",
-            actor=worker.hostname,
-            updates={"finished_at": now},
-        )
-        return None
-    first_start: dict[str, Any] = {}
-    if row["first_started_at"] is None:
-        # Its first start: judged against its own tier's service levels, as the SLO check does.
-        home = runtime.tiers.get(row["original_tier_id"])
-        first_wait_ms = max(int((now - row["submitted_at"]).total_seconds() * 1000), 0)
-        verdict = judge_wait(first_wait_ms, target_ms=home.wait_target_ms, start_timeout_ms=home.start_timeout_ms)
-        if verdict == WaitVerdict.TIMED_OUT:
-            transition(
-                job_id,
-                to=JobState.TIMED_OUT,
-                expect={JobState.QUEUED},
-                token=token,
-                reason=f"not started within {home.code}'s start timeout of {home.start_timeout_ms} ms "
-                f"(claimed after {first_wait_ms} ms)",
-                actor=worker.hostname,
-                updates={"finished_at": now},
-            )
-            return None
-        first_start = {"first_started_at": now, "first_wait_ms": first_wait_ms}
-        if verdict == WaitVerdict.LATE and row["late_at"] is None:
-            first_start["late_at"] = now
-    if not _fits(job_id, token, row["gpu_mem_mib"], runtime):
-        return None
-    waited_ms = max(int((now - row["enqueued_at"]).total_seconds() * 1000), 0) if row["enqueued_at"] else 0
-    changed = transition(
-        job_id,
-        to=RUNNING,
-        expect={JobState.QUEUED},
-        token=token,
-        reason=f"claimed on GPU {worker.gpu_index}",
-        actor=worker.hostname,
-        updates={
-            "worker": worker.hostname,
-            "wait_ms": F("wait_ms") + waited_ms,
-            **first_start,
-            "lease_expires_at": lease_until(),
-            "slice_started_at": now,
-            "placement_note": "",
-        },
-    )
-    if changed is None:
-        return None
-    if first_start:
-        counters.count_first_start(tier=home.code, wait_ms=first_start["first_wait_ms"], writer=runtime.boundary_reader)
-    return ClaimedJob(**{name: row[name] for name in ClaimedJob.FIELDS})
-
-
-def _fits(job_id: int, token: str, need_mib: int | None, runtime: Runtime) -> bool:
-    """Whether the job's declared GPU memory fits in this GPU's free memory right now. If not,
-    the job stays queued with the reason on it; the reconciler sends it out again after its
-    grace period, so another GPU (or this one, once free) can take it."""
-    if not need_mib:
-        return True
-    free = runtime.probe.free_memory_mib()
-    if free is None or free >= need_mib:
-        return True
-    note = f"needs {need_mib} MiB of GPU memory; {runtime.identity.hostname} had {free} MiB free"
-    Job.objects.filter(pk=job_id, state=JobState.QUEUED, dispatch_token=token).update(placement_note=note[:300])
-    log.info("job %s: %s; leaving it queued", job_id, note)
-    return False
-
-
-def prefetch_lead_s(step_s: float, read_s: float, budget_s: float) -> float:
-    """How long before a slice's end its boundary read starts: one step ahead (the last step),
-    and at least twice the read's own time, so that a slice of short steps gets it done too; but
-    not earlier than a quarter of the slice, so that a read that stalled once does not make every
-    later decision stale."""
-    return max(step_s, min(2 * read_s, budget_s / 4))
-
-
 class JobRun:
     """One claim of one job on one worker: from restore to finish, yield or failure."""
 
@@ -288,180 +73,86 @@ class JobRun:
         self.job_id = job.id
         self.runtime = runtime
         self.token = job.dispatch_token
-        self.tier: TierInfo = runtime.tiers.get(job.tier_id)
-        # A promoted job runs one slice in the higher tier, then returns to its own (home) tier.
-        self.home: TierInfo = runtime.tiers.get(job.original_tier_id)
-        self.returning_from: TierInfo | None = None  # set until the return is written
-        # Checkpoint generations are numbered from the highest ever named, and never reused: not
-        # after a fallback, not after a rollback (clockq/jobs/checkpoints.py).
-        self.generation = job.checkpoint_generation
-        self.files: list[str] = list(job.checkpoint_files or [])  # restore candidates, newest first
-        self.checkpoint_bytes = job.checkpoint_bytes  # size of the newest checkpoint
-        self.progress = job.progress
-        self.util_ewma = job.util_ewma
-        self.switch_cost_ms = job.switch_cost_ms
-        # What the database holds as the last good checkpoint; a failure rolls back to it.
-        self.saved_files = list(self.files)
-        self.saved_progress = self.progress
-        self.saved_checkpoint_bytes = self.checkpoint_bytes
-        self.last_checkpoint_at = time.monotonic()
-        # Metric curves, loaded when the workload first reports one; saved with checkpoints.
-        self.curves: dict[str, Series] | None = None
-        self.curves_changed: set[str] = set()  # names with points not saved yet
-        self.curves_stored: set[str] = set()  # names with a row in the database
-        self.metrics_warned = False
-        self.last_step: int | None = None
+        self.tiers = RunTiers.of(job, runtime.tiers)
+        self.checkpoints = Checkpointer(job, runtime)
+        self.boundary = SliceBoundary(job, runtime, tiers=self.tiers, checkpoints=self.checkpoints)
+        self.metrics = MetricsRecorder(job.id)
+        self.steps = StepLoop(job, runtime, tiers=self.tiers, boundary=self.boundary, metrics=self.metrics)
+        self.results = ResultWriter(job.id, runtime)
+        self.writes = SliceWrites(
+            job, runtime, tiers=self.tiers, checkpoints=self.checkpoints, steps=self.steps, metrics=self.metrics
+        )
+        self.restore = Restore(
+            job,
+            runtime,
+            checkpoints=self.checkpoints,
+            metrics=self.metrics,
+            rt_wants_gpu=self.boundary.rt_wants_gpu,
+            note=self.writes.note,
+        )
+        self.failures = SliceFailures(
+            job.id, runtime, checkpoints=self.checkpoints, writes=self.writes, roll_back=self._roll_back
+        )
         # What this claim's restore adds to the job's switch cost: the restore of a checkpoint,
         # not a first start's setup (framework import, model build), which no switch repeats.
         self.restore_ms = 0.0
-        self.unpersisted: tuple[str, Snapshot] | None = None  # a snapshot taken, until its name commits
-        self.prefetch: Future[BoundaryRead] | None = None  # the boundary's read, made during the last step
-        self.marked_ahead: tuple[str, float] | None = None  # BoundaryRead.marked, until the checkpoint
         self.finish_pending = False  # done, but its result waits for room on the storage
 
     def run(self) -> RunOutcome:
+        """Restore the workload, then slice after slice: step it, and decide at the boundary."""
         self.runtime.leases.hold(self.job_id, self.token)
-        self.runtime.account_rt_claim(self.tier.rank)
-        record = self._new_record()
+        self.runtime.account_rt_claim(self.tiers.current.rank)
+        record = self.steps.plan()
         workload = None
         keep_warm = False
         try:
             t0 = time.perf_counter()
             try:
-                workload = self._restore()
+                workload = self.restore.workload()
             except RestoreAbandoned as exc:
                 record.restore_ms = (time.perf_counter() - t0) * 1000
                 return self._make_way_during_restore(record, str(exc))
             try:
                 with workload_errors():
-                    workload.ready(abandon=self._rt_wants_gpu)  # a switch's cost (a program's start)
+                    workload.ready(abandon=self.boundary.rt_wants_gpu)  # a switch's cost (a program's start)
             except StartAbandoned as exc:
                 record.restore_ms = (time.perf_counter() - t0) * 1000
                 return self._make_way_during_restore(record, str(exc))
             record.restore_ms = (time.perf_counter() - t0) * 1000
             self.restore_ms = record.restore_ms if self.job.checkpoint_files else 0.0
-            self._reserve_snapshot_memory()
+            self.checkpoints.reserve_memory()
             self.runtime.probe_load(workload)
             self.runtime.note_switch_in(time.perf_counter(), record.restore_ms)
             while True:
-                done = self.finish_pending or self._run_slice(workload, record)
+                done = self.finish_pending or self.steps.run_slice(workload, record)
                 outcome = self._at_boundary(workload, record, done)
                 if outcome is not None:
                     keep_warm = outcome == RunOutcome.YIELDED
                     return outcome
-                record = self._new_record()
+                record = self.steps.plan()
         except LostOwnership as exc:
             log.info("job %s: stopping, %s", self.job_id, exc)
             return RunOutcome.LOST_OWNERSHIP
         except SliceFailed as exc:
-            return self._after_failure(exc.__cause__ or exc, record)
+            return self.failures.after_failure(exc.__cause__ or exc, record)
         except StorageError as exc:
-            return self._after_storage_fault(exc, record)
+            return self.failures.after_storage_fault(exc, record)
         except (QuotaExceeded, JobRefused, ResultError) as exc:
-            return self._fail_at_once(exc, record)
+            return self.failures.fail_at_once(exc, record)
         finally:
-            self._discard_snapshot()  # taken but never named: the run ended before its update
+            self.checkpoints.discard_snapshot()  # taken but never named: the run ended before its update
             self.runtime.leases.release()
             self.runtime.probe_load(None)
             self.runtime.interrupts.clear(self.job_id)
             if workload is not None:
-                if keep_warm and self.files:
-                    self.runtime.warm.put(self.job_id, self.files[0], workload, self.checkpoint_bytes, self.curves)
+                if keep_warm and self.checkpoints.files:
+                    curves = self.metrics.curves
+                    self.runtime.warm.put(
+                        self.job_id, self.checkpoints.files[0], workload, self.checkpoints.nbytes, curves
+                    )
                 else:
                     self.runtime.warm.drop(self.job_id)
-                    _close(workload, self.job_id)
-
-    # --- the slice -------------------------------------------------------------------------
-
-    def _new_record(self) -> SliceRecord:
-        plan = plan_slice(
-            base_ms=self.tier.base_slice_ms,
-            min_ms=self.tier.min_slice_ms,
-            avg_util=self.util_ewma,
-            switch_cost_ms=self.switch_cost_ms,
-            overhead_budget=settings.CLOCKQ_OVERHEAD_BUDGET,
-            max_ms=settings.CLOCKQ_MAX_SLICE_MS,
-        )
-        return SliceRecord(timezone.now(), plan)
-
-    def _restore(self) -> Workload:
-        current = self.files[0] if self.files else None
-        warm = self.runtime.warm.take(self.job_id, current) if current else None
-        if warm is not None:
-            # The same job came back to this worker, still at the checkpoint it left, with the
-            # curves saved with that checkpoint. Its snapshot may still be copied out of it.
-            self.runtime.persister.settle(self.job_id)
-            self.curves = warm.curves
-            self.curves_stored = set(warm.curves or ())
-            return warm.workload
-        # A cold restore: the workload's setup (a framework import, a model build, its memory)
-        # and the checkpoint's read can take seconds, and an RT job must not wait for them.
-        if current and self._rt_wants_gpu():
-            raise RestoreAbandoned("before its setup")
-        work_dir = self.runtime.store.work_dir(self.job_id)
-        with workload_errors():
-            workload = registry.create(self.job.workload, self.job.params)
-            workload.setup(
-                RunContext(self.job_id, self.runtime.identity.gpu_index, work_dir, settings.CLOCKQ_CACHE_DIR)
-            )
-        if current:
-            try:
-                if self._rt_wants_gpu():
-                    raise RestoreAbandoned("after its setup, before reading its checkpoint")
-                state = self._read_checkpoint(current)
-            except (StorageError, RestoreAbandoned):
-                _close(workload, self.job_id)
-                raise
-            if state is not None:
-                with workload_errors():
-                    workload.load_state_dict(state)
-        return workload
-
-    def _read_checkpoint(self, current: str) -> bytes | None:
-        """The state the database names, or the newest good one before it (saying why)."""
-        state = self.runtime.persister.pending(self.job_id, current)
-        if state is not None:
-            return state  # this worker took the snapshot and has yet to write it
-        names = [name for name in self.files if _is_name(name)]
-        restored = self.runtime.store.restore(
-            self.job_id,
-            names,
-            wait_s=settings.CLOCKQ_PERSIST_WAIT_S,
-            writer_of=self._writer_of,
-            abandon=self._rt_wants_gpu,
-        )
-        if restored.name == current:
-            return restored.state
-        bad = [name for name in self.files if name not in names]
-        reasons = list(restored.skipped) + [f"{name!r} is not a checkpoint name" for name in bad]
-        fallback = (
-            f"restored generation {restored.generation}"
-            if restored.name
-            else "no good checkpoint left, restarting from the beginning"
-        )
-        self._note(f"checkpoint generation {_generation(current)} unusable ({'; '.join(reasons)}); {fallback}")
-        kept = self.files[self.files.index(restored.name) :] if restored.name else []
-        # Take the unusable ones off the job now, so the next claim does not wait for them too.
-        if not Job.objects.filter(pk=self.job_id, state=RUNNING, dispatch_token=self.token).update(
-            checkpoint_files=kept
-        ):
-            raise LostOwnership("job changed under this worker")
-        self.files = self.saved_files = kept
-        return restored.state
-
-    def _rt_wants_gpu(self) -> bool:
-        """During a cold restore, which can wait seconds for another worker's persist of a big
-        state, or a program's start: whether an RT job should have this GPU now, instead of
-        after the restore and one step. Every busy GPU heard the RT signal; as at a step
-        (`_waiting_by_rank`), the one that takes the RT job from the unclaimed count makes way,
-        and the others go on (and forget the signal, which was answered)."""
-        if not self.runtime.interrupts.rt_waits(self.tier.rank):
-            return False
-        waiting = self._waiting_by_rank(self.home.rank, cut_short=True)  # [] if the broker is down
-        if waiting and waiting[0]:
-            return True
-        self.runtime.interrupts.clear_rt()
-        return False
+                    close_workload(workload, self.job_id)
 
     def _make_way_during_restore(self, record: SliceRecord, when: str) -> RunOutcome:
         """Give the GPU to an RT job before the restore is done. The job goes back to its queue
@@ -469,7 +160,7 @@ class JobRun:
         restoring from is still the one the database names (the next claim waits for it, or
         takes it warm from the worker that wrote it)."""
         record.cut_short = record.preempted = True
-        self._end(
+        self.writes.end(
             record,
             SliceOutcome.YIELDED,
             JobState.QUEUED,
@@ -478,533 +169,71 @@ class JobRun:
         )
         return RunOutcome.YIELDED
 
-    def _reserve_snapshot_memory(self) -> None:
-        """A job with a big state gets a snapshot buffer made ready while it runs, in the
-        background, so that an RT job preempting it does not wait for the memory to be mapped."""
-        nbytes = self.checkpoint_bytes or workloads.declared_state_bytes(self.job.workload, self.job.params)
-        snapshots = self.runtime.snapshots
-        if nbytes >= POPULATE_FROM_BYTES and not snapshots.ready_for(nbytes):  # no thread per claim
-            threading.Thread(target=snapshots.reserve, args=(nbytes,), name="clockq-reserve", daemon=True).start()
-
-    def _writer_of(self, name: str) -> str | None:
-        """The worker still writing this checkpoint of the job, if any (clockq/bus/persists.py)."""
-        try:
-            return persists.writer_of(client(), self.job_id, name)
-        except RedisError as exc:
-            return f"(unknown: the broker cannot be read: {exc})"  # wait, up to the bound
-
-    def _run_slice(self, workload: Workload, record: SliceRecord) -> bool:
-        interrupts, rank = self.runtime.interrupts, self.tier.rank
-        start = last = time.perf_counter()
-        budget_s = record.plan.ms / 1000.0
-        step_s = 0.0  # the last step's length: the next one is likely as long
-        done = False
-        self.prefetch = None
-        self.runtime.sampler.start()
-        try:
-            with workload_errors():
-                while True:
-                    # Likely the slice's last step, or one of the last few short ones: read what
-                    # the boundary decides from while they run, so the GPU does not wait for that
-                    # read after them.
-                    lead_s = prefetch_lead_s(step_s, self.runtime.boundary_read_s, budget_s)
-                    if self.prefetch is None and last + lead_s - start >= budget_s:
-                        self.prefetch = self.runtime.boundary_reader.submit(self._prefetch_boundary)
-                    progress = float(workload.step())
-                    step_s, last = time.perf_counter() - last, time.perf_counter()
-                    if not math.isfinite(progress):
-                        raise ValueError(f"step() returned {progress}, not a progress in [0, 1]")
-                    if records := workload.metrics():
-                        self._record_metrics(records)
-                    record.steps += 1
-                    self.progress = min(max(progress, 0.0), 1.0)
-                    if self.progress >= 1.0:
-                        done = True
-                        break
-                    if time.perf_counter() - start >= budget_s:
-                        break
-                    # An RT job waiting, or an operator's change, ends the slice at this step.
-                    if interrupts.should_end_slice(self.job_id, rank):
-                        record.cut_short = True
-                        break
-        finally:
-            record.compute_end = time.perf_counter()
-            record.used_ms = (record.compute_end - start) * 1000
-            stats = self.runtime.sampler.stop()
-            record.gpu_util = stats.mean_gpu_util
-            if record.gpu_util is not None:
-                self.util_ewma = ewma(self.util_ewma, record.gpu_util)
-            self.runtime.publisher.maybe_publish(stats.last)
-        return done
-
-    # --- the boundary ------------------------------------------------------------------------
-
     def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> RunOutcome | None:
-        """Finish, continue (None) or leave the GPU, as the policy decides.
-
-        It decides from the job's row, the broker's queue lengths and, only when those say someone
-        waits ahead of it, the queued counts in the database that confirm it (`_read_boundary`),
-        read during the slice's last step when that could be foreseen."""
-        read = self._prefetched() if not (done or record.cut_short) else None
-        if read is None:
-            read = self._read_boundary(done, record.cut_short)
-        self.marked_ahead = read.marked
-        row, waiting = read.row, read.waiting
-        if row is None or row["state"] != RUNNING or row["dispatch_token"] != self.token:
-            raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
-        self.runtime.interrupts.clear(self.job_id)
-        if row["tier_id"] != self.tier.id:  # moved by an operator while running
-            self.tier = self.runtime.tiers.get(row["tier_id"])
-        self._return_home()  # decide as a job of its own tier from here on
-        if read.queued is not None:
-            waiting = read.queued
-        decision = decide_at_boundary(
-            Boundary(
-                done=done,
-                job_rank=self.tier.rank,
-                waiting_by_rank=waiting,
-                pending_action=PendingAction(row["pending_action"]),
-                past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
-                shutting_down=self.runtime.shutting_down(),
-                cut_short=record.cut_short,
-                checkpoints_failing=not done and self.runtime.checkpoints_failing(self.checkpoint_bytes),
-            )
-        )
+        """Finish, continue (None) or leave the GPU, as the policy decides."""
+        decision = self.boundary.decide(done, record.cut_short)
         action = decision.action
         if action == BoundaryAction.FINISH:
             try:
-                result = self._store_result(workload)  # durably, before the job counts as succeeded
+                result = self.results.store(workload)  # durably, before the job counts as succeeded
             except StorageError as exc:
                 if self.runtime.shutting_down():
                     raise  # a stopping worker cannot wait: back to the queue, uncharged
                 self._wait_for_room_to_finish(workload, record, exc)
                 return None
             self.finish_pending = False
-            now = timezone.now()
-            self._end(
+            self.writes.end(
                 record,
                 SliceOutcome.COMPLETED,
                 JobState.SUCCEEDED,
                 decision.reason,
-                {
-                    "finished_at": now,
-                    "progress": 1.0,
-                    "result_files": result.as_json(),
-                    "result_bytes": result.total_bytes,
-                    "result_stored_at": now if result.files else None,
-                },
+                succeeded_fields(result, timezone.now()),
             )
             return RunOutcome.SUCCEEDED
         if action == BoundaryAction.CONTINUE:
             self._continue(workload, record)
             return None
         target, outcome = _LEAVE_GPU[action]
-        self._checkpoint(workload, record, park=target == JobState.QUEUED)
+        parked = target == JobState.QUEUED  # its workload waits in the warm cache
+        record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(workload, park=parked)
         # This job's switch cost, so the planner keeps its switching within the overhead budget:
         # its own checkpoint and restore, plus this worker's measured requeue-hop-claim overhead.
         # Until that is measured it is left out, not guessed: a worker's first claims pay its
-        # warm-up (connections, imports), which is no switch's cost and would stretch the next slices.
+        # warm-up (connections, imports), so a guess from them would be too high, and would
+        # stretch this job's slices for many switches after the warm-up is over.
         cost = record.checkpoint_ms + self.restore_ms + (self.runtime.switch_overhead_ms or 0.0)
-        extra: dict[str, Any] = {"switch_cost_ms": ewma(self.switch_cost_ms, cost)}
+        extra: dict[str, Any] = {"switch_cost_ms": ewma(self.job.switch_cost_ms, cost)}
         if target == JobState.TIMED_OUT:
             extra["finished_at"] = timezone.now()
         record.preempted = record.cut_short and action == BoundaryAction.YIELD
-        self._end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
+        self.writes.end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
         if target == JobState.QUEUED:
             self.runtime.switch_out(record.compute_end, record.checkpoint_ms)  # before the persist is queued
-        self._persist()
+        self.checkpoints.persist()
         return outcome
 
     def _wait_for_room_to_finish(self, workload: Workload, record: SliceRecord, exc: StorageError) -> None:
         """The job is done but its result cannot be stored (the checkpoint storage fails): it
         keeps its GPU, and its work, and tries again a moment later, holding its lease, rather
         than go back to its queue and do the work since its last checkpoint again."""
-        log.warning("job %s: done, waiting for room to store its result: %s", self.job_id, exc)
-        self.runtime.storage_failed(str(exc))
-        shutdown.requested.wait(STORAGE_PROBE_EVERY_S)
+        self.results.wait_for_room(exc)
         self._continue(workload, record)  # renews the lease, records the wait as a slice
         self.finish_pending = True
 
-    def _read_boundary(self, done: bool, cut_short: bool) -> BoundaryRead:
-        """What a boundary decides from: the broker's queue lengths, the job's row, and the
-        database's queued counts when the broker says someone waits ahead (it may hold stale or
-        duplicate messages that would cause a needless switch)."""
-        waiting = [] if done else self._waiting_by_rank(self.home.rank, cut_short)
-        row = hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
-        queued = None
-        if not cut_short and waiting_ahead(self.home.rank, waiting):
-            queued = hot_sql.queued_by_rank(self.home.rank, len(waiting))
-        return BoundaryRead(waiting, row, queued)
-
-    def _prefetch_boundary(self) -> BoundaryRead:
-        """`_read_boundary` for a slice that ends on time, on the runtime's reader thread. When the
-        read says the job will likely yield, the next checkpoint's persist mark is set here too,
-        another round trip off the GPU's path (a mark for a checkpoint never named is ignored,
-        and expires)."""
-        try:
-            began = time.perf_counter()
-            read = self._read_boundary(done=False, cut_short=False)
-            self.runtime.boundary_read_s = ewma(self.runtime.boundary_read_s, time.perf_counter() - began)
-            if read.queued is not None and waiting_ahead(self.home.rank, read.queued):
-                name = checkpoint_name(self.generation + 1, self.token)
-                if self.runtime.persister.mark(self.job_id, name):
-                    read = replace(read, marked=(name, time.monotonic()))
-            return read
-        except Exception:
-            db_connection.close()  # the reader thread's own connection: a broken one is not kept
-            raise
-
-    def _prefetched(self) -> BoundaryRead | None:
-        """The read made during the last step, if it is done and nothing happened since that it
-        could have missed: an RT job or an operator's change signals the worker, and then the
-        boundary reads afresh. (A job of another tier queued during those last steps waits for the
-        next boundary, as if it had come a little later.)"""
-        prefetch, self.prefetch = self.prefetch, None
-        if prefetch is None or not prefetch.done() or prefetch.exception() is not None:
-            return None  # not done in time (the GPU does not wait for it), or it failed
-        if self.runtime.interrupts.should_end_slice(self.job_id, self.tier.rank):
-            return None
-        read = prefetch.result()
-        if read.row is None or read.row["state"] != RUNNING or read.row["dispatch_token"] != self.token:
-            return None  # the job is not ours any more: a decision that grave is made on a fresh read
-        return read
-
-    def _store_result(self, workload: Workload) -> Manifest:
-        """The workload writes its result into a staging folder, which the store checks and
-        puts in place. A crash after this and before the job's final write only means the job
-        resumes from its last checkpoint and finishes (and stores its result) again."""
-        try:
-            staged = self.runtime.results.staging(self.job_id)
-            try:
-                with workload_errors():
-                    workload.write_result(staged)
-            except SliceFailed as exc:
-                # The staging folder is on the checkpoint storage: a full or failing disk there is
-                # the storage's fault, not the job's, whoever's code hit it.
-                if isinstance(exc.__cause__, OSError) and exc.__cause__.errno in _STORAGE_ERRNOS:
-                    raise StorageError(f"writing the result of job {self.job_id}: {exc.__cause__}") from exc
-                raise
-            manifest = self.runtime.results.store(self.job_id, staged)
-            self.runtime.storage_works()
-            return manifest
-        except ResultStorageError as exc:
-            raise StorageError(str(exc)) from exc
-
-    def _record_metrics(self, records) -> None:
-        if self.curves is None:
-            self.curves = job_metrics.load(self.job_id)
-            self.curves_stored = set(self.curves)
-        kept, problems = clean_metrics(records, set(self.curves))
-        if problems and not self.metrics_warned:  # once a claim: a program may send junk every step
-            self.metrics_warned = True
-            log.warning("job %s: metric records dropped: %s", self.job_id, "; ".join(problems[:3]))
-        for step, name, value in kept:
-            self.curves.setdefault(name, Series()).add(step, value)
-            self.last_step = step if self.last_step is None else max(self.last_step, step)
-            self.curves_changed.add(name)
-
-    def _save_metrics(self) -> None:
-        """With a checkpoint (or the finish): the curves never run ahead of the work that was
-        kept, so a slice lost later adds no point past the checkpoint the job resumes from."""
-        if self.curves is not None and self.curves_changed:
-            job_metrics.save(self.job_id, self.curves, self.curves_changed, self.curves_stored)
-            self.curves_stored |= self.curves_changed
-            self.curves_changed = set()
-
-    def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
-        """Jobs waiting per tier, from the broker's queue lengths: the cheap first look. When
-        they say someone waits ahead, the database confirms it (`_read_boundary`).
-
-        After an RT interrupt only RT counts, and only for the one busy GPU that takes the RT job
-        from the counter of unclaimed ones (clockq/bus/signals.py): every busy GPU heard the signal,
-        and one checkpoint per RT job is enough."""
-        try:
-            waiting = queues.waiting_by_rank()
-        except RedisError as exc:
-            # With the broker down nothing can be dispatched anyway: keep the GPU busy.
-            log.warning("job %s: cannot read queue lengths (%s); continuing", self.job_id, exc)
-            return []
-        if cut_short:
-            # Of all the busy GPUs that heard the RT signal, one per RT job makes way.
-            if rank > 0 and waiting[0] and signals.take_rt_job(client()):
-                self.runtime.made_way_for_rt = True
-            else:
-                waiting[0] = 0
-        return waiting
-
     def _continue(self, workload: Workload, record: SliceRecord) -> None:
-        every = settings.CLOCKQ_CHECKPOINT_EVERY_S
-        checkpointed = bool(every) and time.monotonic() - self.last_checkpoint_at >= every
-        # While checkpoints cannot be written the job keeps its work on the GPU, not on a disk.
-        checkpointed = checkpointed and not self.runtime.checkpoints_failing(self.checkpoint_bytes)
+        """Another slice on this GPU, with a periodic checkpoint when one is due."""
+        checkpointed = self.checkpoints.due()
         if checkpointed:
-            self._checkpoint(workload, record)
-        now = timezone.now()
-        with transaction.atomic():
-            updated = hot_sql.update(
-                Job,
-                {"id": self.job_id, "state": RUNNING, "dispatch_token": self.token},
-                {**self._progress_fields(record), "lease_expires_at": lease_until(), "slice_started_at": now},
-            )
-            if updated != 1:
-                raise LostOwnership("job changed under this worker")
-            self._note_return()
-            if checkpointed:
-                self._save_metrics()
-            # The next slice starts where this one ends, so a slice lost later never overlaps it.
-            self._save_slice(record, SliceOutcome.CONTINUED, ended_at=now)
+            record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(workload)
+        self.writes.continued(record, checkpointed=checkpointed)
         if checkpointed:
-            self._persist()
-            self.saved_files, self.saved_progress = list(self.files), self.progress
-            self.saved_checkpoint_bytes = self.checkpoint_bytes
-
-    def _checkpoint(self, workload: Workload, record: SliceRecord, park: bool = False) -> None:
-        """Snapshot the state into host memory and name the next generation. The caller's
-        ownership-checked update then names it on the job, and only after that commits is it
-        written, in the background (`_persist`): the GPU does not wait for the disk.
-
-        With `park` (the job yields to its queue, and its workload waits in the warm cache,
-        unchanged), the copy into host memory is made in the background too, so the GPU does
-        not wait for it either; the workload is neither stepped nor closed before the copy is
-        done (Persister.settle)."""
-        t0 = time.perf_counter()
-        with workload_errors():
-            state = workload.snapshot()
-            chunks = [state] if isinstance(state, bytes | bytearray | memoryview) else list(state)
-            nbytes = sum(memoryview(c).nbytes for c in chunks)
-        if nbytes > self.checkpoint_bytes:
-            # The state grew (or this is the first checkpoint): does the owner have room for it?
-            quotas.check_checkpoint(self.job_id, self.job.owner_id, nbytes)
-        name = checkpoint_name(self.generation + 1, self.token)
-        persister = self.runtime.persister
-        # After a failed persist, write the next one at once, so the storage is tried again now.
-        snapshot = None if persister.take_failure(self.job_id) else self.runtime.snapshots.take(state, background=park)
-        if snapshot is not None and not self._marked_ahead(name) and not persister.mark(self.job_id, name):
-            self.runtime.snapshots.release(snapshot)  # a claim elsewhere could not tell it is coming
-            snapshot = None
-        if snapshot is None:
-            # Over the snapshot memory bound, or the previous persist failed, or no mark: write it
-            # now. Outside workload_errors: a storage failure raises StorageError, not the job's.
-            self.runtime.store.write(self.job_id, name, state)
-            self.runtime.storage_works()
-        self.unpersisted = (name, snapshot) if snapshot is not None else None
-        record.checkpoint_bytes = nbytes
-        record.checkpoint_ms = (time.perf_counter() - t0) * 1000
-        self.generation += 1
-        self.files = _names_to_keep([name, *self.files], persister.unwritten(self.job_id))
-        self.checkpoint_bytes = nbytes
-        self.last_checkpoint_at = time.monotonic()
-
-    def _marked_ahead(self, name: str) -> bool:
-        """Whether the boundary's read, during the last step, already marked `name`, recently
-        enough that the mark outlives the update that names it (its persist then refreshes it)."""
-        marked, self.marked_ahead = self.marked_ahead, None
-        return marked is not None and marked[0] == name and time.monotonic() - marked[1] < persists.TTL_S / 2
-
-    def _persist(self) -> None:
-        """The update naming the new checkpoint committed: write it, or, if it was written
-        before the update, prune what it replaces."""
-        unpersisted, self.unpersisted = self.unpersisted, None
-        if unpersisted is not None:
-            name, snapshot = unpersisted
-            self.runtime.persister.submit(Persist(self.job_id, name, snapshot, tuple(self.files)))
-        else:
-            self.runtime.store.prune(self.job_id, self.files)
-
-    def _discard_snapshot(self) -> None:
-        """The checkpoint was never named (the job was lost or rolled back): free its memory."""
-        unpersisted, self.unpersisted = self.unpersisted, None
-        if unpersisted is not None:
-            name, snapshot = unpersisted
-            self.runtime.snapshots.release(snapshot)
-            self.runtime.persister.unmark(self.job_id, name)
-
-    def _progress_fields(self, record: SliceRecord) -> dict[str, Any]:
-        fields = {
-            "progress": self.progress,
-            "run_ms": F("run_ms") + int(record.used_ms),
-            "slice_count": F("slice_count") + 1,
-            "checkpoint_generation": self.generation,
-            "checkpoint_files": self.files,
-            "checkpoint_bytes": self.checkpoint_bytes,
-            "util_ewma": self.util_ewma,
-        }
-        if self.returning_from is not None:
-            fields["tier_id"] = self.home.id
-        return fields
-
-    def _return_home(self) -> None:
-        """After its one slice in a higher tier, a promoted job belongs to its own tier again;
-        the next write of the job says so (and the job's history with it)."""
-        if self.tier.id != self.home.id:
-            self.returning_from, self.tier = self.tier, self.home
-
-    def _note_return(self) -> None:
-        """In the transaction that wrote the return."""
-        if self.returning_from is not None:
-            self._note(f"returned to {self.home.code} after one slice in {self.returning_from.code}")
-            self.returning_from = None
-
-    def _end(self, record: SliceRecord, outcome: SliceOutcome, to: JobState, reason: str, extra: dict) -> None:
-        """Leave RUNNING, with the slice recorded in the same transaction."""
-        updates = {**self._progress_fields(record), **extra}  # before the return is noted
-        with transaction.atomic():
-            self._note_return()
-            changed = transition(
-                self.job_id,
-                to=to,
-                expect={RUNNING},
-                token=self.token,
-                reason=reason,
-                actor=self.runtime.identity.hostname,
-                rotate_token=to in (JobState.QUEUED, JobState.HELD),
-                updates=updates,
-                queue_name=self.tier.queue_name,
-            )
-            if changed is None:
-                raise LostOwnership("job changed under this worker")
-            if outcome in (SliceOutcome.YIELDED, SliceOutcome.COMPLETED):
-                self._save_metrics()  # checkpointed or finished; a failed slice's are rolled back
-            self._save_slice(record, outcome)
-
-    def _save_slice(self, record: SliceRecord, outcome: SliceOutcome, ended_at: datetime | None = None) -> None:
-        hot_sql.insert(
-            Slice,
-            {
-                "job_id": self.job_id,
-                "worker": self.runtime.identity.hostname,
-                "gpu_index": self.runtime.identity.gpu_index,
-                "started_at": record.started_at,
-                "ended_at": ended_at or timezone.now(),
-                "planned_ms": record.plan.ms,
-                "plan_reason": record.plan.reason,
-                "used_ms": int(record.used_ms),
-                "steps": record.steps,
-                "outcome": outcome,
-                "checkpoint_bytes": record.checkpoint_bytes,
-                "checkpoint_ms": record.checkpoint_ms,
-                "restore_ms": record.restore_ms,
-                "gpu_util": record.gpu_util,
-                "last_step": self.last_step,
-                "preempted": record.preempted,
-            },
-        )
-        switched = outcome == SliceOutcome.YIELDED
-        counters.count_slice(
-            tier=self.home.code,
-            outcome=outcome,
-            used_ms=int(record.used_ms),
-            switch_ms=record.checkpoint_ms + record.restore_ms if switched else None,
-            writer=self.runtime.boundary_reader,
-        )
-
-    # --- failure -----------------------------------------------------------------------------
-
-    def _after_failure(self, exc: BaseException, record: SliceRecord) -> RunOutcome:
-        error = "".join(traceback.format_exception(exc, limit=8))[-4000:]
-        log.warning("job %s: workload raised %r", self.job_id, exc)
-        failures = (Job.objects.filter(pk=self.job_id).values_list("failures", flat=True).first() or 0) + 1
-        limit = settings.CLOCKQ_MAX_RETRIES
-        give_up = failures > limit
-        to = JobState.FAILED if give_up else JobState.QUEUED
-        reason = (
-            f"failed {failures} time(s), over the retry limit of {limit}: {exc!r}"
-            if give_up
-            else f"rolled back to checkpoint generation {self._saved_generation()} after {exc!r}; "
-            f"retry {failures} of {limit}"
-        )
-        self._roll_back()
-        extra: dict[str, Any] = {"failures": failures, "last_error": error}
-        if give_up:
-            extra["finished_at"] = timezone.now()
-        try:
-            self._end(record, SliceOutcome.FAILED, to, reason[:1000], extra)
-        except LostOwnership:
-            return RunOutcome.LOST_OWNERSHIP
-        return RunOutcome.FAILED if give_up else RunOutcome.RETRYING
-
-    def _after_storage_fault(self, exc: StorageError, record: SliceRecord) -> RunOutcome:
-        """The checkpoint storage failed: the job goes back to its queue from its last good
-        checkpoint, its failure count untouched, and this worker backs off."""
-        log.warning("job %s: %s", self.job_id, exc)
-        self._roll_back()
-        reason = (
-            f"checkpoint storage failed ({exc}); not counted against the job, "
-            f"back in the queue from checkpoint generation {self._saved_generation()}"
-        )
-        try:
-            self._end(record, SliceOutcome.FAULT, JobState.QUEUED, reason[:1000], {})
-        except LostOwnership:
-            return RunOutcome.LOST_OWNERSHIP
-        self.runtime.storage_failed(str(exc))
-        return RunOutcome.STORAGE_FAULT
+            self.checkpoints.persist()
+            self.checkpoints.keep(self.steps.progress)
 
     def _roll_back(self) -> None:
         """Forget the slice's own work: back to the last checkpoint the database knows. A
         promoted job had its slice, good or not, and goes back to its own tier."""
-        self._return_home()
-        self.curves, self.curves_changed = None, set()  # its metric points go with its work
+        self.tiers.return_home()
+        self.metrics.forget()  # its metric points go with its work
         # Back to the files the database names; the generation number stays, never reused.
-        self._discard_snapshot()
-        self.files, self.progress = list(self.saved_files), self.saved_progress
-        self.checkpoint_bytes = self.saved_checkpoint_bytes
-
-    def _saved_generation(self) -> int | str:
-        return _generation(self.saved_files[0]) if self.saved_files else 0
-
-    def _fail_at_once(self, exc: Exception, record: SliceRecord) -> RunOutcome:
-        """The job cannot run as things are: its state outgrew its owner's storage quota, or this
-        worker refuses it (JobRefused). Retrying would only fail again, so it fails now, keeping
-        its last good checkpoint; an operator can fix the cause and requeue it."""
-        log.warning("job %s: %s", self.job_id, exc)
-        self._roll_back()
-        try:
-            self._end(
-                record,
-                SliceOutcome.FAILED,
-                JobState.FAILED,
-                str(exc)[:1000],
-                {"last_error": str(exc), "finished_at": timezone.now()},
-            )
-        except LostOwnership:
-            return RunOutcome.LOST_OWNERSHIP
-        return RunOutcome.FAILED
-
-    def _note(self, reason: str) -> None:
-        JobEvent.objects.create(
-            job_id=self.job_id,
-            from_state=RUNNING,
-            to_state=RUNNING,
-            reason=reason[:2000],
-            actor=self.runtime.identity.hostname,
-        )
-
-
-def _close(workload: Workload, job_id: int) -> None:
-    try:
-        workload.close()
-    except Exception:
-        log.exception("job %s: workload close failed", job_id)
-
-
-def _is_name(name: object) -> bool:
-    try:
-        generation_of(name)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def _generation(name: object) -> int | str:
-    return generation_of(name) if _is_name(name) else repr(name)  # type: ignore[arg-type]
-
-
-def _names_to_keep(names: list[str], unwritten: set[str]) -> list[str]:
-    """The newest checkpoint and those before it, back to a written one to fall back to (and
-    KEEP_GENERATIONS in all, at least): names this worker has yet to write are not enough."""
-    kept: list[str] = []
-    for name in names:
-        kept.append(name)
-        if len(kept) >= KEEP_GENERATIONS and name not in unwritten:
-            break
-    return kept
+        self.steps.progress = self.checkpoints.roll_back()

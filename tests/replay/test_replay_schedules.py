@@ -160,12 +160,12 @@ LIVE_POLICY = [
 def test_the_workers_and_beat_call_the_same_policy_functions():
     from clockq.jobs import promotion as live_promotion
     from clockq.kpis import rollup as kpi_rollup
-    from workers import slice_runner
+    from workers.run import boundary, claim, steps
 
-    assert slice_runner.plan_slice is slicing.plan_slice
-    assert slice_runner.decide_at_boundary is slicing.decide_at_boundary
-    assert slice_runner.waiting_ahead is slicing.waiting_ahead
-    assert slice_runner.judge_wait is service_levels.judge_wait
+    assert steps.plan_slice is slicing.plan_slice
+    assert boundary.decide_at_boundary is slicing.decide_at_boundary
+    assert boundary.waiting_ahead is slicing.waiting_ahead
+    assert claim.judge_wait is service_levels.judge_wait
     assert live_promotion.rules is promotion  # promotion_tick and batch chances: rules.decide_round ...
     assert kpi_rollup.finished_on_time is service_levels.finished_on_time
 

@@ -12,10 +12,12 @@ from django.test import override_settings
 from clockq.bus import counters, signals
 from clockq.jobs import services
 from clockq.jobs.models import Job
+from tests.harness import wait_for
 from tests.helpers import submit
 from workers.persister import Persister
+from workers.run.boundary import SliceBoundary, prefetch_lead_s
 from workers.runtime import Runtime, WorkerIdentity
-from workers.slice_runner import JobRun, RunOutcome, prefetch_lead_s, run_dispatch
+from workers.slice_runner import RunOutcome, run_dispatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,7 +27,7 @@ def reads(monkeypatch):
     """Which thread made each boundary read, and a hook run on the reader thread after its read."""
     seen: list[str] = []
     after_prefetch: list = []
-    real = JobRun._read_boundary
+    real = SliceBoundary._read_boundary
 
     def read(self, done, cut_short):
         result = real(self, done, cut_short)
@@ -35,7 +37,16 @@ def reads(monkeypatch):
                 hook(self)
         return result
 
-    monkeypatch.setattr(JobRun, "_read_boundary", read)
+    real_read_ahead = SliceBoundary.read_ahead
+
+    def read_ahead(self):
+        # The step waits here for the read it started: on a loaded machine the read could
+        # otherwise still be running at the boundary, which then (rightly) reads afresh.
+        real_read_ahead(self)
+        self.prefetch.exception(timeout=30)
+
+    monkeypatch.setattr(SliceBoundary, "_read_boundary", read)
+    monkeypatch.setattr(SliceBoundary, "read_ahead", read_ahead)
     return seen, after_prefetch
 
 
@@ -63,8 +74,18 @@ def test_a_hold_asked_for_after_that_read_is_still_honoured(alice, operator, rea
     seen, after_prefetch = reads
     job = submit(alice, "SP", "busy", steps=400, step_ms=20)
     submit(alice, "SP", "rival", steps=1)
+
     # The operator's hold lands just after the reader thread read the row (pending action none).
-    after_prefetch.append(lambda run: services.hold_job(Job.objects.get(pk=run.job_id), actor="op"))
+    def hold(run):
+        services.hold_job(Job.objects.get(pk=run.job_id), actor="op")
+        # ...and its signal reaches the worker before the boundary, as it would in a real slice.
+        wait_for(
+            lambda: run.runtime.interrupts.should_end_slice(run.job_id, run.tiers.current.rank),
+            30,
+            what="the hold's signal",
+        )
+
+    after_prefetch.append(hold)
 
     assert run_dispatch(job.pk, job.dispatch_token, _runtime(job)) == RunOutcome.HELD
 

@@ -1,0 +1,148 @@
+"""Claim a queued job for this worker: one compare-and-set from QUEUED to RUNNING.
+
+A claim can also end the job instead (its deadline passed, or it waited past its tier's start
+timeout), or leave it queued for another GPU (it does not fit in this one's free memory).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+
+from django.db.models import F
+from django.utils import timezone
+
+from clockq.bus import counters
+from clockq.jobs import hot_sql
+from clockq.jobs.models import Job
+from clockq.jobs.transitions import transition
+from clockq.policy.service_levels import WaitVerdict, judge_wait
+from clockq.policy.states import JobState
+from workers.lease import lease_until
+from workers.runtime import Runtime
+
+log = logging.getLogger("clockq.slices")
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """What a worker reads about a job when it claims it; the rest stays in the database."""
+
+    id: int
+    dispatch_token: str
+    owner_id: int
+    tier_id: int
+    original_tier_id: int  # its own tier; differs while promoted for one slice
+    workload: str
+    params: dict[str, Any]
+    deadline: datetime | None
+    progress: float
+    checkpoint_generation: int  # the highest ever named
+    checkpoint_files: list[str]  # what to restore from, newest first
+    checkpoint_bytes: int
+    util_ewma: float | None
+    switch_cost_ms: float | None
+
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "id",
+        "dispatch_token",
+        "owner_id",
+        "tier_id",
+        "original_tier_id",
+        "workload",
+        "params",
+        "deadline",
+        "progress",
+        "checkpoint_generation",
+        "checkpoint_files",
+        "checkpoint_bytes",
+        "util_ewma",
+        "switch_cost_ms",
+    )
+
+
+_CLAIM_ONLY_FIELDS = ("state", "enqueued_at", "submitted_at", "first_started_at", "late_at", "gpu_mem_mib")
+
+
+def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
+    """Take a queued job for this worker. None if the message is stale, or the job cannot run
+    here (its deadline passed, or it does not fit in this GPU's free memory)."""
+    row = hot_sql.select_one(Job, job_id, (*ClaimedJob.FIELDS, *_CLAIM_ONLY_FIELDS))
+    if row is None or row["state"] != JobState.QUEUED or row["dispatch_token"] != token:
+        log.info("job %s: dropping stale message (token %s)", job_id, token[:8])
+        return None
+    now = timezone.now()
+    worker = runtime.identity
+    if row["deadline"] and now >= row["deadline"]:
+        transition(
+            job_id,
+            to=JobState.TIMED_OUT,
+            expect={JobState.QUEUED},
+            token=token,
+            reason="deadline passed before the job could start",
+            actor=worker.hostname,
+            updates={"finished_at": now},
+        )
+        return None
+    first_start: dict[str, Any] = {}
+    if row["first_started_at"] is None:
+        # Its first start: judged against its own tier's service levels, as the SLO check does.
+        home = runtime.tiers.get(row["original_tier_id"])
+        first_wait_ms = max(int((now - row["submitted_at"]).total_seconds() * 1000), 0)
+        verdict = judge_wait(first_wait_ms, target_ms=home.wait_target_ms, start_timeout_ms=home.start_timeout_ms)
+        if verdict == WaitVerdict.TIMED_OUT:
+            transition(
+                job_id,
+                to=JobState.TIMED_OUT,
+                expect={JobState.QUEUED},
+                token=token,
+                reason=f"not started within {home.code}'s start timeout of {home.start_timeout_ms} ms "
+                f"(claimed after {first_wait_ms} ms)",
+                actor=worker.hostname,
+                updates={"finished_at": now},
+            )
+            return None
+        first_start = {"first_started_at": now, "first_wait_ms": first_wait_ms}
+        if verdict == WaitVerdict.LATE and row["late_at"] is None:
+            first_start["late_at"] = now
+    if not _fits(job_id, token, row["gpu_mem_mib"], runtime):
+        return None
+    waited_ms = max(int((now - row["enqueued_at"]).total_seconds() * 1000), 0) if row["enqueued_at"] else 0
+    changed = transition(
+        job_id,
+        to=JobState.RUNNING,
+        expect={JobState.QUEUED},
+        token=token,
+        reason=f"claimed on GPU {worker.gpu_index}",
+        actor=worker.hostname,
+        updates={
+            "worker": worker.hostname,
+            "wait_ms": F("wait_ms") + waited_ms,
+            **first_start,
+            "lease_expires_at": lease_until(),
+            "slice_started_at": now,
+            "placement_note": "",
+        },
+    )
+    if changed is None:
+        return None
+    if first_start:
+        counters.count_first_start(tier=home.code, wait_ms=first_start["first_wait_ms"], writer=runtime.boundary_reader)
+    return ClaimedJob(**{name: row[name] for name in ClaimedJob.FIELDS})
+
+
+def _fits(job_id: int, token: str, need_mib: int | None, runtime: Runtime) -> bool:
+    """Whether the job's declared GPU memory fits in this GPU's free memory right now. If not,
+    the job stays queued with the reason on it; the reconciler sends it out again after its
+    grace period, so another GPU (or this one, once free) can take it."""
+    if not need_mib:
+        return True
+    free = runtime.probe.free_memory_mib()
+    if free is None or free >= need_mib:
+        return True
+    note = f"needs {need_mib} MiB of GPU memory; {runtime.identity.hostname} had {free} MiB free"
+    Job.objects.filter(pk=job_id, state=JobState.QUEUED, dispatch_token=token).update(placement_note=note[:300])
+    log.info("job %s: %s; leaving it queued", job_id, note)
+    return False

@@ -1,0 +1,29 @@
+"""How a run's parts say that the job is no longer this worker's, or that its code failed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from clockq.jobs.results import ResultError
+from workers.workloads.base import JobRefused, StartAbandoned
+
+
+class LostOwnership(Exception):
+    """The job was cancelled, or taken back by the reaper, while this worker ran it."""
+
+
+class SliceFailed(Exception):
+    """The workload (or its checkpoint) raised; the job rolls back to its last checkpoint."""
+
+
+@contextmanager
+def workload_errors() -> Iterator[None]:
+    """Turn any error from workload code into SliceFailed, so that infrastructure errors
+    (database, broker) are never counted against the job."""
+    try:
+        yield
+    except (JobRefused, ResultError, StartAbandoned):
+        raise  # refused, not mended by a retry, or (StartAbandoned) no failure: the caller decides
+    except Exception as exc:
+        raise SliceFailed(repr(exc)) from exc

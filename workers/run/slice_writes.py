@@ -1,0 +1,153 @@
+"""The writes that end a slice: each one a compare-and-set on (RUNNING, dispatch token).
+
+The job's progress, run time and checkpoints, the slice's own row, and a promoted job's return
+to its tier are written in one transaction, so that what the database says happened to a slice
+never disagrees with the job. Another process changed the job first (it was cancelled, or the
+reaper took it back): LostOwnership, and nothing is written.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from clockq.bus import counters
+from clockq.jobs import hot_sql
+from clockq.jobs.models import Job, JobEvent, Slice
+from clockq.jobs.transitions import transition
+from clockq.policy.slicing import SliceOutcome
+from clockq.policy.states import JobState
+from workers.lease import lease_until
+from workers.run.checkpointer import Checkpointer
+from workers.run.claim import ClaimedJob
+from workers.run.errors import LostOwnership
+from workers.run.metrics_recorder import MetricsRecorder
+from workers.run.steps import SliceRecord, StepLoop
+from workers.run.tiers import RunTiers
+from workers.runtime import Runtime
+
+RUNNING = JobState.RUNNING
+
+
+class SliceWrites:
+    """What one claim writes of its job, slice by slice, from the parts that hold it."""
+
+    def __init__(
+        self,
+        job: ClaimedJob,
+        runtime: Runtime,
+        *,
+        tiers: RunTiers,
+        checkpoints: Checkpointer,
+        steps: StepLoop,
+        metrics: MetricsRecorder,
+    ):
+        self.job_id = job.id
+        self.token = job.dispatch_token
+        self.runtime = runtime
+        self.tiers = tiers
+        self.checkpoints = checkpoints
+        self.steps = steps
+        self.metrics = metrics
+
+    def end(self, record: SliceRecord, outcome: SliceOutcome, to: JobState, reason: str, extra: dict) -> None:
+        """Leave RUNNING, with the slice recorded in the same transaction."""
+        updates = {**self._progress_fields(record), **extra}  # before the return is noted
+        with transaction.atomic():
+            self._note_return()
+            changed = transition(
+                self.job_id,
+                to=to,
+                expect={RUNNING},
+                token=self.token,
+                reason=reason,
+                actor=self.runtime.identity.hostname,
+                rotate_token=to in (JobState.QUEUED, JobState.HELD),
+                updates=updates,
+                queue_name=self.tiers.current.queue_name,
+            )
+            if changed is None:
+                raise LostOwnership("job changed under this worker")
+            if outcome in (SliceOutcome.YIELDED, SliceOutcome.COMPLETED):
+                self.metrics.save()  # checkpointed or finished; a failed slice's are rolled back
+            self._save_slice(record, outcome)
+
+    def continued(self, record: SliceRecord, *, checkpointed: bool) -> None:
+        """Stay RUNNING for another slice: renew the lease, and record this one."""
+        now = timezone.now()
+        with transaction.atomic():
+            updated = hot_sql.update(
+                Job,
+                {"id": self.job_id, "state": RUNNING, "dispatch_token": self.token},
+                {**self._progress_fields(record), "lease_expires_at": lease_until(), "slice_started_at": now},
+            )
+            if updated != 1:
+                raise LostOwnership("job changed under this worker")
+            self._note_return()
+            if checkpointed:
+                self.metrics.save()
+            # The next slice starts where this one ends, so a slice lost later never overlaps it.
+            self._save_slice(record, SliceOutcome.CONTINUED, ended_at=now)
+
+    def note(self, reason: str) -> None:
+        """An event in the job's history that changes no state."""
+        JobEvent.objects.create(
+            job_id=self.job_id,
+            from_state=RUNNING,
+            to_state=RUNNING,
+            reason=reason[:2000],
+            actor=self.runtime.identity.hostname,
+        )
+
+    def _progress_fields(self, record: SliceRecord) -> dict[str, Any]:
+        fields = {
+            "progress": self.steps.progress,
+            "run_ms": F("run_ms") + int(record.used_ms),
+            "slice_count": F("slice_count") + 1,
+            **self.checkpoints.fields(),
+            "util_ewma": self.steps.util_ewma,
+        }
+        if self.tiers.returning_from is not None:
+            fields["tier_id"] = self.tiers.home.id
+        return fields
+
+    def _note_return(self) -> None:
+        """In the transaction that wrote the return."""
+        if self.tiers.returning_from is not None:
+            self.note(f"returned to {self.tiers.home.code} after one slice in {self.tiers.returning_from.code}")
+            self.tiers.returning_from = None
+
+    def _save_slice(self, record: SliceRecord, outcome: SliceOutcome, ended_at: datetime | None = None) -> None:
+        hot_sql.insert(
+            Slice,
+            {
+                "job_id": self.job_id,
+                "worker": self.runtime.identity.hostname,
+                "gpu_index": self.runtime.identity.gpu_index,
+                "started_at": record.started_at,
+                "ended_at": ended_at or timezone.now(),
+                "planned_ms": record.plan.ms,
+                "plan_reason": record.plan.reason,
+                "used_ms": int(record.used_ms),
+                "steps": record.steps,
+                "outcome": outcome,
+                "checkpoint_bytes": record.checkpoint_bytes,
+                "checkpoint_ms": record.checkpoint_ms,
+                "restore_ms": record.restore_ms,
+                "gpu_util": record.gpu_util,
+                "last_step": self.metrics.last_step,
+                "preempted": record.preempted,
+            },
+        )
+        switched = outcome == SliceOutcome.YIELDED
+        counters.count_slice(
+            tier=self.tiers.home.code,
+            outcome=outcome,
+            used_ms=int(record.used_ms),
+            switch_ms=record.checkpoint_ms + record.restore_ms if switched else None,
+            writer=self.runtime.boundary_reader,
+        )

@@ -1,0 +1,119 @@
+"""The step loop: plan a slice, then step the workload until the slice is used up.
+
+A slice also ends early when the job is done, or at a step when an RT job waits or an operator
+changed something (an interrupt). Near its planned end the loop starts the boundary's read, so
+the GPU does not wait for it after the last step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.utils import timezone
+
+from clockq.policy.slicing import SlicePlan, ewma, plan_slice
+from workers.run.boundary import SliceBoundary, prefetch_lead_s
+from workers.run.claim import ClaimedJob
+from workers.run.errors import workload_errors
+from workers.run.metrics_recorder import MetricsRecorder
+from workers.run.tiers import RunTiers
+from workers.runtime import Runtime
+from workers.workloads.base import Workload
+
+
+@dataclass
+class SliceRecord:
+    started_at: datetime
+    plan: SlicePlan
+    used_ms: float = 0.0
+    steps: int = 0
+    restore_ms: float = 0.0
+    checkpoint_bytes: int = 0
+    checkpoint_ms: float = 0.0
+    gpu_util: float | None = None
+    cut_short: bool = False  # ended at a step by an interrupt, before its time was up
+    preempted: bool = False  # and made way for an RT job
+    compute_end: float = 0.0  # perf_counter when its last step ended
+
+
+class StepLoop:
+    """The job's progress and GPU use as its workload reports them, slice by slice."""
+
+    def __init__(
+        self,
+        job: ClaimedJob,
+        runtime: Runtime,
+        *,
+        tiers: RunTiers,
+        boundary: SliceBoundary,
+        metrics: MetricsRecorder,
+    ):
+        self.job = job
+        self.job_id = job.id
+        self.runtime = runtime
+        self.tiers = tiers
+        self.boundary = boundary
+        self.metrics = metrics
+        self.progress = job.progress
+        self.util_ewma = job.util_ewma
+
+    def plan(self) -> SliceRecord:
+        """The next slice, as long as the policy plans it for this job's tier and GPU use."""
+        plan = plan_slice(
+            base_ms=self.tiers.current.base_slice_ms,
+            min_ms=self.tiers.current.min_slice_ms,
+            avg_util=self.util_ewma,
+            switch_cost_ms=self.job.switch_cost_ms,
+            overhead_budget=settings.CLOCKQ_OVERHEAD_BUDGET,
+            max_ms=settings.CLOCKQ_MAX_SLICE_MS,
+        )
+        return SliceRecord(timezone.now(), plan)
+
+    def run_slice(self, workload: Workload, record: SliceRecord) -> bool:
+        """Step until the slice is used up or cut short; whether the job is done."""
+        interrupts, rank = self.runtime.interrupts, self.tiers.current.rank
+        start = last = time.perf_counter()
+        budget_s = record.plan.ms / 1000.0
+        step_s = 0.0  # the last step's length: the next one is likely as long
+        done = False
+        self.boundary.new_slice()
+        self.runtime.sampler.start()
+        try:
+            with workload_errors():
+                while True:
+                    # Likely the slice's last step, or one of the last few short ones: read what
+                    # the boundary decides from while they run, so the GPU does not wait for that
+                    # read after them.
+                    lead_s = prefetch_lead_s(step_s, self.runtime.boundary_read_s, budget_s)
+                    if last + lead_s - start >= budget_s:
+                        self.boundary.read_ahead()
+                    progress = float(workload.step())
+                    step_s, last = time.perf_counter() - last, time.perf_counter()
+                    if not math.isfinite(progress):
+                        raise ValueError(f"step() returned {progress}, not a progress in [0, 1]")
+                    if records := workload.metrics():
+                        self.metrics.record(records)
+                    record.steps += 1
+                    self.progress = min(max(progress, 0.0), 1.0)
+                    if self.progress >= 1.0:
+                        done = True
+                        break
+                    if time.perf_counter() - start >= budget_s:
+                        break
+                    # An RT job waiting, or an operator's change, ends the slice at this step.
+                    if interrupts.should_end_slice(self.job_id, rank):
+                        record.cut_short = True
+                        break
+        finally:
+            record.compute_end = time.perf_counter()
+            record.used_ms = (record.compute_end - start) * 1000
+            stats = self.runtime.sampler.stop()
+            record.gpu_util = stats.mean_gpu_util
+            if record.gpu_util is not None:
+                self.util_ewma = ewma(self.util_ewma, record.gpu_util)
+            self.runtime.publisher.maybe_publish(stats.last)
+        return done
