@@ -17,9 +17,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from clockq.bus import queues
-from clockq.jobs.models import Job, QueueTier
+from clockq.jobs.models import Job
 from clockq.jobs.transitions import transition
 from clockq.policy.states import JobState
+from clockq.policy.tiers import QUEUES_IN_ORDER
 
 log = logging.getLogger("clockq.reconcile")
 
@@ -38,7 +39,7 @@ def reconcile_queued_jobs() -> int:
     )
     if not candidates:
         return 0
-    tier_queues = list(QueueTier.objects.order_by("rank").values_list("queue_name", flat=True))
+    tier_queues = list(QUEUES_IN_ORDER)
     in_flight = queues.recently_delivered(settings.CLOCKQ_REDISPATCH_GRACE_S)
     lengths = dict(zip(tier_queues, queues.waiting_by_rank(tier_queues), strict=True))
     wanted = Counter(queue for _id, _token, queue, _at in candidates)

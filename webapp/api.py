@@ -21,6 +21,7 @@ from clockq.bus import heartbeat
 from clockq.jobs import promotion, services
 from clockq.jobs.models import Job, QueueTier
 from clockq.policy.states import JobState
+from clockq.policy.tiers import TIER_CODES
 from webapp.access import visible_jobs
 from webapp.forms import JobSubmitForm, binder
 from webapp.serializers import (
@@ -256,9 +257,8 @@ def job_promote(request, job_id: int):
     if not isinstance(data, dict) or set(data) - {"tier"}:
         return Response({"detail": 'The body must be empty or {"tier": "<code>"}.'}, status=400)
     tier = data.get("tier")
-    if tier is not None and (not isinstance(tier, str) or not QueueTier.objects.filter(code=tier).exists()):
-        codes = ", ".join(QueueTier.objects.values_list("code", flat=True))
-        return Response({"tier": [f"must be one of {codes}"]}, status=400)
+    if tier is not None and (not isinstance(tier, str) or tier not in TIER_CODES):
+        return Response({"tier": [f"must be one of {', '.join(TIER_CODES)}"]}, status=400)
     try:
         job = promotion.promote_job(job, actor=request.user.get_username(), to_tier_code=tier)
     except services.ActionRefused as exc:

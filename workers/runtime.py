@@ -22,6 +22,7 @@ from clockq.jobs.checkpoints import CheckpointStore, StorageError, generation_of
 from clockq.jobs.models import Job, JobEvent, QueueTier
 from clockq.jobs.results import ResultStore
 from clockq.policy.slicing import switch_cost_ewma
+from clockq.policy.tiers import row_problems
 from workers import shutdown
 from workers.lease import LeaseKeeper
 from workers.persister import Marks, Persist, Persister, SnapshotMemory
@@ -68,9 +69,15 @@ class TierInfo:
     start_timeout_ms: int | None
 
 
+class TierMismatch(RuntimeError):
+    """The tier rows disagree with the one definition of the tiers (clockq/policy/tiers.py)."""
+
+
 @dataclass
 class TierCache:
-    """Tier rows change rarely (an admin edit); re-read them at most every few seconds."""
+    """Tier rows change rarely (an admin edit); re-read them at most every few seconds. Their
+    tunable settings come from the rows; which tiers exist, in what order, on which queues, is
+    the definition's, and rows that disagree with it are refused."""
 
     ttl_s: float = 5.0
     _rows: dict[int, TierInfo] = field(default_factory=dict)
@@ -78,6 +85,12 @@ class TierCache:
 
     def get(self, tier_id: int) -> TierInfo:
         if time.monotonic() - self._loaded_at > self.ttl_s or tier_id not in self._rows:
+            rows = list(QueueTier.objects.all())
+            if problems := row_problems((t.code, t.rank, t.queue_name) for t in rows):
+                raise TierMismatch(
+                    f"the tier rows disagree with clockq/policy/tiers.py: {'; '.join(problems)} "
+                    "(`manage.py check --database default` lists the same)"
+                )
             self._rows = {
                 t.id: TierInfo(
                     t.id,
@@ -89,7 +102,7 @@ class TierCache:
                     t.wait_target_ms,
                     t.start_timeout_ms,
                 )
-                for t in QueueTier.objects.all()
+                for t in rows
             }
             self._loaded_at = time.monotonic()
         return self._rows[tier_id]

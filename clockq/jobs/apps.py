@@ -8,7 +8,10 @@ class JobsConfig(AppConfig):
     verbose_name = "clockq"
 
     def ready(self) -> None:
+        from clockq.jobs.tiers import check_tier_rows
+
         checks.register(check_workloads_have_specs)
+        checks.register(check_tier_rows, checks.Tags.database)
 
 
 def check_workloads_have_specs(app_configs=None, **kwargs) -> list[checks.CheckMessage]:

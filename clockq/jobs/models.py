@@ -18,6 +18,10 @@ def new_token() -> str:
 
 
 class QueueTier(models.Model):
+    """One row per tier of clockq/policy/tiers.py, seeded from it (clockq/jobs/tiers.py): its
+    code, rank and queue must agree with that definition (a system check and the workers ask);
+    the rest are the operator's settings for the tier."""
+
     code = models.CharField(max_length=2, unique=True)
     rank = models.PositiveSmallIntegerField(unique=True, help_text="0 is the most urgent tier.")
     use = models.CharField(max_length=100)

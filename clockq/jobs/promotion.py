@@ -21,6 +21,7 @@ from clockq.jobs.services import ActionRefused
 from clockq.jobs.transitions import transition
 from clockq.policy import promotion as rules
 from clockq.policy.states import JobState
+from clockq.policy.tiers import TIER_CODES
 
 log = logging.getLogger("clockq.promotion")
 
@@ -94,8 +95,8 @@ def promote_job(job: Job, actor: str, to_tier_code: str | None = None) -> Job:
         code = max(more_urgent, key=lambda t: t.rank).code if more_urgent else None
     if code is None:
         raise PromotionRefused(f"{home.code} is the most urgent tier; there is nothing to promote job #{job.pk} to")
-    if code not in tiers:
-        raise PromotionRefused(f"unknown tier {code!r}; choose one of {', '.join(tiers)}")
+    if code not in TIER_CODES:
+        raise PromotionRefused(f"unknown tier {code!r}; choose one of {', '.join(TIER_CODES)}")
     if tiers[code].rank >= home.rank:
         raise PromotionRefused(f"{code} is not more urgent than {home.code}")
     promotion = rules.Promotion(job.pk, home.code, code, f"promoted {home.code} -> {code} for one slice by hand")

@@ -16,6 +16,7 @@ from clockq.jobs.transitions import Changed, transition
 from clockq.policy.control import admits
 from clockq.policy.slicing import PendingAction
 from clockq.policy.states import TERMINAL_STATES, JobState
+from clockq.policy.tiers import tier as defined_tier
 
 S = JobState
 CANCEL_ATTEMPTS = 5
@@ -59,10 +60,10 @@ def submit_jobs(owner, submissions: list[dict], actor: str | None = None) -> lis
     batch cannot slip past a limit that each job alone would pass. Returns the jobs in order."""
     if not submissions:
         return []
-    tiers = {t.code: t for t in QueueTier.objects.filter(code__in={s["tier_code"] for s in submissions})}
-    for sub in submissions:
-        if sub["tier_code"] not in tiers:
-            raise QueueTier.DoesNotExist(f"no tier {sub['tier_code']!r}")
+    codes = {defined_tier(s["tier_code"]).code for s in submissions}  # UnknownTier: not a tier at all
+    tiers = {t.code: t for t in QueueTier.objects.filter(code__in=codes)}
+    if missing := sorted(codes - tiers.keys()):
+        raise QueueTier.DoesNotExist(f"no row for tier {', '.join(missing)}: is the database migrated?")
     now = timezone.now()
     gate = control.admission()
     who = actor or owner.get_username()

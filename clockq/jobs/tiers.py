@@ -1,8 +1,14 @@
-"""Seed the five tiers from the policy's table; used by the data migrations and by tests."""
+"""The QueueTier rows, seeded from the one definition of the tiers (clockq/policy/tiers.py), and
+the system check that they still agree with it. The seeding is used by the data migrations and
+by tests."""
 
 from __future__ import annotations
 
-from clockq.policy.tiers import DEFAULT_TIERS
+from django.core import checks
+from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
+
+from clockq.policy.tiers import TIERS, row_problems
 
 
 def ensure_default_tiers(tier_model) -> None:
@@ -11,7 +17,7 @@ def ensure_default_tiers(tier_model) -> None:
     predate some fields: only the fields it has are set (0006 sets the later ones)."""
     has = {f.name for f in tier_model._meta.get_fields()}
     created = set()
-    for spec in DEFAULT_TIERS:
+    for spec in TIERS:
         _, made = tier_model.objects.get_or_create(
             code=spec.code,
             defaults={
@@ -40,10 +46,34 @@ def link_default_tiers(tier_model, only=None) -> None:
     """Point the promotion and batch-chance links as the specification has them, for the tiers
     in `only` (all when None). A second pass: a link needs its target's row."""
     rows = {t.code: t for t in tier_model.objects.all()}
-    for spec in DEFAULT_TIERS:
+    for spec in TIERS:
         if spec.code not in rows or (only is not None and spec.code not in only):
             continue
         tier_model.objects.filter(pk=rows[spec.code].pk).update(
             promote_to=rows.get(spec.promote_to) if spec.promote_to else None,
             chance_to=rows.get(spec.chance_to) if spec.chance_to else None,
         )
+
+
+def check_tier_rows(app_configs=None, databases=None, **kwargs) -> list[checks.CheckMessage]:
+    """The tier rows of each database asked for agree with the definition: one row per tier, with
+    its rank and queue. A database still to be migrated is left alone: its migrations seed them."""
+    from clockq.jobs.models import QueueTier
+
+    errors: list[checks.CheckMessage] = []
+    for alias in databases or ():
+        executor = MigrationExecutor(connections[alias])
+        if executor.migration_plan(executor.loader.graph.leaf_nodes()):
+            continue
+        rows = QueueTier.objects.using(alias).values_list("code", "rank", "queue_name")
+        errors += [
+            checks.Error(
+                f"QueueTier rows in database {alias!r} disagree with clockq/policy/tiers.py: {problem}",
+                hint="The tiers that exist are defined in clockq/policy/tiers.py (TIERS); a change there "
+                "needs a data migration that changes the rows to match.",
+                obj=QueueTier,
+                id="clockq.E002",
+            )
+            for problem in row_problems(rows)
+        ]
+    return errors

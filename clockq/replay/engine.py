@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from clockq.policy import promotion, service_levels
-from clockq.policy.tiers import DEFAULT_TIERS, TierSpec
+from clockq.policy.tiers import TIERS, TierSpec
 from clockq.replay.model import JobResult, RunResult, Trace, TraceJob
 
 EPS = 1e-9  # seconds of work below which a job is done (float arithmetic)
@@ -49,7 +49,7 @@ class Config:
     gpus: int
     quantum_s: float = 60.0  # simulated length of a contended slice (see clockq_policy.py)
     switch_cost: SwitchCost = field(default_factory=SwitchCost)
-    tiers: Sequence[TierSpec] = DEFAULT_TIERS
+    tiers: Sequence[TierSpec] = TIERS
     seed: int = 0
     overhead_budget: float = 0.05  # CLOCKQ_OVERHEAD_BUDGET
     max_slice_ms: int = 5_000  # CLOCKQ_MAX_SLICE_MS

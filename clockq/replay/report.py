@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from clockq.policy.service_levels import finished_on_time
-from clockq.policy.tiers import DEFAULT_TIERS, TierSpec
+from clockq.policy.tiers import TIERS, TierSpec
 from clockq.replay.model import JobResult, RunResult
 
 P95 = 0.95
@@ -92,7 +92,7 @@ def _tier_specs(codes: Iterable[str], tiers: Sequence[TierSpec]) -> list[TierSpe
     return sorted((t for t in tiers if t.code in present), key=lambda t: t.rank)
 
 
-def summarize(run: RunResult, tiers: Sequence[TierSpec] = DEFAULT_TIERS) -> dict[str, Any]:
+def summarize(run: RunResult, tiers: Sequence[TierSpec] = TIERS) -> dict[str, Any]:
     """One policy's replay in numbers (see the module docstring); JSON-ready: rates are
     fractions 0..1, times are seconds, and a value that cannot be known is None."""
     jobs = run.jobs
@@ -310,7 +310,7 @@ def _panels(runs: Sequence[RunResult], tiers: Sequence[TierSpec]) -> list[tuple[
     return panels
 
 
-def plot(runs: list[RunResult], path: str, tiers: Sequence[TierSpec] = DEFAULT_TIERS) -> None:
+def plot(runs: list[RunResult], path: str, tiers: Sequence[TierSpec] = TIERS) -> None:
     """The waits' CDFs, one panel for all jobs and one per tier, a curve per policy; written to
     `path`: .html (plotly, with plotly.js inlined so that it opens offline) or .png
     (matplotlib, Agg). Waits under PLOT_FLOOR_S are drawn at it (the wait axis is logarithmic)."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from clockq.policy.tiers import DEFAULT_TIERS, TierSpec
+from clockq.policy.tiers import TIERS, TierSpec
 from clockq.replay.model import Trace, TraceError, TraceJob
 
 FORMATS = ("alibaba", "tiresias", "csv")
@@ -281,7 +281,7 @@ def load(
     until_s: float | None = None,
     slack: float = 2.0,
     checkpoint_mb: float = 100.0,
-    tiers: Sequence[TierSpec] = DEFAULT_TIERS,
+    tiers: Sequence[TierSpec] = TIERS,
 ) -> Trace:
     """Read the trace at `path` in format `fmt` (one of FORMATS).
 

@@ -290,7 +290,7 @@ def test_bad_arguments_raise_value_error(kwargs):
 
 
 def test_tiers_missing_for_the_mapping_raise_value_error():
-    from clockq.policy.tiers import DEFAULT_TIERS
+    from clockq.policy.tiers import TIERS
 
     with pytest.raises(ValueError, match="BP"):
-        load(TIRESIAS, "tiresias", tiers=[t for t in DEFAULT_TIERS if t.code != "BP"])
+        load(TIRESIAS, "tiresias", tiers=[t for t in TIERS if t.code != "BP"])

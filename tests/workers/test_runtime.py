@@ -1,8 +1,11 @@
-"""What a worker process measures between tasks: the fixed part of a switch."""
+"""What a worker process keeps between tasks: the fixed part of a switch, and its tier cache."""
 
 from __future__ import annotations
 
-from workers.runtime import Runtime, WorkerIdentity
+import pytest
+
+from clockq.jobs.models import QueueTier
+from workers.runtime import Runtime, TierCache, TierMismatch, WorkerIdentity
 
 
 def test_switch_overhead_is_the_gpu_idle_gap_less_checkpoint_and_restore():
@@ -26,3 +29,14 @@ def test_without_a_previous_yield_nothing_is_measured():
     runtime = Runtime(WorkerIdentity("gpu0@test", 0))
     runtime.note_switch_in(first_step_at=100.0, restore_ms=1.0)
     assert runtime.switch_overhead_ms is None
+
+
+@pytest.mark.django_db
+def test_the_tier_cache_reads_the_rows_settings_and_refuses_rows_that_disagree_with_the_definition():
+    sp = QueueTier.objects.get(code="SP")
+    sp.base_slice_ms = 120
+    sp.save()
+    assert TierCache().get(sp.pk).base_slice_ms == 120  # an operator's setting
+    QueueTier.objects.filter(code="BK").update(queue_name="backup")
+    with pytest.raises(TierMismatch, match=r"tier BK's row has queue 'backup', its definition 'bk'"):
+        TierCache().get(sp.pk)

@@ -10,10 +10,10 @@ def seed(apps, schema_editor):
     job's first wait, and the periodic tasks that enforce them."""
     from clockq.jobs.periodic import ensure_periodic_tasks
     from clockq.jobs.tiers import link_default_tiers
-    from clockq.policy.tiers import DEFAULT_TIERS
+    from clockq.policy.tiers import TIERS
 
     tier_model = apps.get_model("jobs", "QueueTier")
-    for spec in DEFAULT_TIERS:
+    for spec in TIERS:
         tier_model.objects.filter(code=spec.code).update(
             start_timeout_ms=spec.start_timeout_ms,
             promote_after_rounds=spec.promote_after_rounds,
