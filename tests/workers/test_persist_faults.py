@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 from django.conf import settings
@@ -80,13 +79,15 @@ def test_a_worker_killed_with_a_persist_in_flight_loses_only_what_was_in_flight(
     victim = None
     for _attempt in range(5):
         wait_for(caught_in_flight, 30, interval=0.002, what="a persist in flight")
-        _kill_and_wait({os.getpgid(pid) for pid in workers.worker_pids()})
+        killed = set(workers.worker_pids())
+        _kill_and_wait({os.getpgid(pid) for pid in killed})
         # Read again once the worker is dead: between the look and the kill it may have yielded
         # again (its newer snapshot superseding the one seen in flight) or finished the write.
         victim = caught_in_flight()
         if victim is not None:
             break
-        time.sleep(3)  # the write finished just before the kill: the supervisor restarts the worker; again
+        # The write finished just before the kill: once the supervisor has restarted the worker, again.
+        wait_for(lambda killed=killed: set(workers.worker_pids()) - killed, 60, what="a restarted worker")
     assert victim is not None, "never killed the worker in the middle of a persist"
     job_id, lost, durable = victim
 
