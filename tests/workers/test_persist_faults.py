@@ -110,10 +110,10 @@ def test_a_worker_killed_with_a_persist_in_flight_loses_only_what_was_in_flight(
     notes = [reason for _actor, reason in history if f"generation {generation_of(lost)} unusable" in reason]
     assert len(notes) == 1, (victim, history)
     note = notes[0]
+    # It waited for the dead writer's mark to expire ("no worker is writing it"), not for the
+    # whole 30 s bound (that note would say it is "missing after waiting").
     assert "no worker is writing it any more" in note and f"restored generation {generation_of(durable)}" in note
-    # It waited for the dead writer's mark to expire, not for the whole 30 s bound.
-    claim = job.events.filter(reason__startswith="claimed", at__lt=job.events.get(reason=note).at).latest("at")
-    assert (job.events.get(reason=note).at - claim.at).total_seconds() < 15
+    assert "missing after waiting" not in note
     assert_no_overlap(job)
     assert not store.path(job_id, lost).exists()  # nobody wrote it later: its snapshot died with the worker
 
