@@ -33,7 +33,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str = "condition", interval: float = 0.05):
+def wait_for(predicate: Callable[[], object], timeout: float, what: str = "condition", *, interval: float = 0.05):
     """The first true value of `predicate()`, asked every `interval` s; TimeoutError after
     `timeout` s, which only guards against an event that never comes."""
     deadline = time.monotonic() + timeout
