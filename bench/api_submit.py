@@ -1,4 +1,4 @@
-"""Benchmark (issue 12, part 4): jobs submitted per second through the API over real HTTP, with
+"""Benchmark: jobs submitted per second through the API over real HTTP, with
 an API token, single jobs and batches, against `GET /healthz` in the same run. Goal: at least
 200 jobs/s single and 2,000 jobs/s in batches.
 
@@ -27,17 +27,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import _harness as h
 import requests
+from _databases import postgres_cluster, run_per_database  # a throwaway cluster, as .ci/run makes one
 
 USER, PASSWORD = "bench", "bench-password-not-secret"
 JOB = {"name": "bench", "tier": "BK", "workload": "synthetic", "params": {"steps": 1}}
@@ -91,8 +90,6 @@ def run(args) -> dict:
             "CLOCKQ_API_MAX_BODY_BYTES": str(8 * 2**20),
         }
         if args.db == "postgres":
-            from kpis import postgres_cluster  # a throwaway cluster, as .ci/run makes one
-
             settings["DATABASE_URL"] = stack.enter_context(postgres_cluster())
         q = stack.enter_context(h.private_clockq("clockq-bench-api-", **settings))
         token = make_user_and_token()
@@ -170,24 +167,9 @@ def main() -> None:
     parser.add_argument("--n-basic", type=int, default=2, help="basic-auth requests per client per round")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    if args.db == "both":  # one process per database: Django is set up once per process
-        results = []
-        for db in ("sqlite", "postgres"):
-            with tempfile.NamedTemporaryFile(suffix=".json") as out:
-                argv = [f"--rounds={args.rounds}", f"--clients={args.clients}", f"--n={args.n}"]
-                argv += [f"--batch={args.batch}", f"--n-batches={args.n_batches}", f"--n-basic={args.n_basic}"]
-                subprocess.run([sys.executable, __file__, *argv, "--db", db, "--json", out.name], check=True)
-                results.append(json.loads(Path(out.name).read_text()))
-        print("\n" + "=" * 80)
-        for result in results:
-            report(result)
-        if args.json:
-            args.json.write_text(json.dumps(results, indent=2))
-        return
-    result = run(args)
-    report(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    argv = [f"--rounds={args.rounds}", f"--clients={args.clients}", f"--n={args.n}"]
+    argv += [f"--batch={args.batch}", f"--n-batches={args.n_batches}", f"--n-basic={args.n_basic}"]
+    run_per_database(args, __file__, argv, functools.partial(run, args), report, rule=80)
 
 
 if __name__ == "__main__":

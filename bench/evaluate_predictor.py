@@ -7,8 +7,8 @@ features are that load and the cluster's other utilisation signals.
 
 - CPU clusters (Alibaba 2018, Google 2019): target CPU utilisation; features CPU and memory
   utilisation (padded to CPU, memory, CPU).
-- GPU clusters (Helios): target GPU demand (running + pending GPUs) / GPUs, the load index of
-  issue 11; features the allocation (running / GPUs), the waiting demand (pending / GPUs) and
+- GPU clusters (Helios): target GPU demand (running + pending GPUs) / GPUs, the load index
+  the controller forecasts; features the allocation (running / GPUs), the waiting demand (pending / GPUs) and
   the demand itself. The allocation ratio running / GPUs is evaluated as a second target with
   the same features.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-GPU check (issue: GPU worker pool). Run on a host with an NVIDIA GPU, from the repository
+# Real-GPU check of the GPU worker pool. Run on a host with an NVIDIA GPU, from the repository
 # root: bash bench/gpu_check.sh [--gpu N]. It builds .venv-gpu from requirements-gpu.txt (the CUDA
 # build of TensorFlow) unless it exists, then runs bench/gpu_check.py, which takes under 5 minutes.
 set -euo pipefail

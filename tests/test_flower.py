@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 import sys
 
 import pytest
 
 from clockq.celery import without_url_passwords
 from clockq.flower import LoginLockout, basic_credentials
-from tests.harness import ROOT, FlowerServer, RedisServer, die_with_parent, wait_for
+from tests.harness import ROOT, FlowerServer, RedisServer, Service, wait_for
 
 ADMIN = ("admin", "admin-pass-123")
 CAROL = ("carol", "carol-pass-123")
@@ -128,13 +127,11 @@ def worker(broker, tmp_path_factory):
     from clockq.stack.roles import control_worker_argv
 
     argv = control_worker_argv(host="flowertest")
-    log = open(tmp_path_factory.mktemp("worker") / "worker.log", "wb")  # noqa: SIM115 - closed below
     env = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT), "REDIS_URL": broker.url}
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    worker = Service("control worker", argv, env, ROOT, log_path).start()
     yield "control@flowertest"
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
+    worker.stop(grace_s=30)
 
 
 @pytest.mark.integration

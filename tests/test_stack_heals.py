@@ -5,7 +5,6 @@ whole `manage.py runstack` on free ports, with its own SQLite and broker in a te
 from __future__ import annotations
 
 import base64
-import contextlib
 import itertools
 import json
 import os
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import ROOT, free_port, wait_for
+from tests.harness import ROOT, Service, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -45,15 +44,8 @@ class Stack:
         self.token = ""
 
     def start(self) -> Stack:
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "runstack"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.service = Service("runstack", [sys.executable, "manage.py", "runstack"], self.env, ROOT, self.log_path)
+        self.service.start()
         wait_for(lambda: self.alive() and self.healthy(), 120, interval=0.5, what="the stack to answer /healthz 200")
         made = subprocess.run(
             [sys.executable, "manage.py", "createtoken", "admin"], cwd=ROOT, env=self.env, capture_output=True
@@ -62,12 +54,11 @@ class Stack:
         return self
 
     def alive(self) -> bool:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"runstack exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+        self.service.check_alive()
         return True
 
     def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.service.log_text()
 
     def request(self, path: str, body: dict | None = None, port: int | None = None, headers: dict | None = None):
         data = json.dumps(body).encode() if body is not None else None
@@ -96,13 +87,7 @@ class Stack:
         return int(pids[0]) if pids else None
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=90)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # anything of ours left behind
-        self.log.close()
+        self.service.stop(grace_s=90)
 
 
 @pytest.fixture

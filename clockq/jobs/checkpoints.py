@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from clockq.durable import fsync_dir
 from clockq.jobs.quotas import KEPT_GENERATIONS
 from clockq.jobs.results import RESULT_DIR
 
@@ -145,7 +146,7 @@ class CheckpointStore:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
-            _fsync_dir(directory)
+            fsync_dir(directory)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
@@ -303,12 +304,3 @@ class CheckpointStore:
                 self.job_dir(job_id).rmdir()
         except OSError as exc:
             raise StorageError(f"deleting the checkpoints of job {job_id}: {exc}") from exc
-
-
-def _fsync_dir(directory: Path) -> None:
-    # The rename is durable only once the directory entry is on disk.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from clockq.durable import fsync_dir
+
 RESULT_DIR = "result"
 MANIFEST = "manifest.json"
 MAX_FILES = 100
@@ -89,7 +91,7 @@ class ResultStore:
         final = self.folder(job_id)
         try:
             _write_synced(staged / MANIFEST, json.dumps({"files": manifest.as_json()}).encode())
-            _fsync(staged)
+            fsync_dir(staged)
             if final.exists():
                 # Finished again after a crash (or requeued by an operator): the newer result wins.
                 old = final.with_name(f"{RESULT_DIR}.old-{os.getpid()}")
@@ -99,7 +101,7 @@ class ResultStore:
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(staged, final)
-            _fsync(final.parent)
+            fsync_dir(final.parent)
         except OSError as exc:
             raise ResultStorageError(f"storing the result of job {job_id}: {exc}") from exc
         for stale in final.parent.glob(f"{RESULT_DIR}.staging-*"):  # left by a crashed worker
@@ -174,11 +176,3 @@ def _write_synced(path: Path, data: bytes) -> None:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def _fsync(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shlex
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -22,6 +22,7 @@ from clockq.control_state.scale_hook import ScaleHookFailed, call_scale_hook, re
 from clockq.env import parse_scale_hook
 from clockq.policy import control as rules
 from control.tasks import SCALE_OUT_MAX_RETRIES, scale_out
+from tests.harness import is_alive
 
 
 class Hook:
@@ -152,15 +153,28 @@ def test_a_missing_program_fails_clearly(settings, tmp_path):
 
 
 @pytest.mark.django_db
-def test_a_command_that_hangs_is_killed_with_what_it_started(settings):
-    # A shell script whose child keeps the output pipes open: killing the shell alone would not do.
-    settings.CLOCKQ_SCALE_HOOK = "sh -c 'sleep 30 & sleep 30'"
-    started = time.monotonic()
+def test_a_command_that_hangs_is_killed_with_what_it_started(settings, tmp_path):
+    # A shell script whose child keeps the output pipes open: killing the shell alone would not
+    # do. Neither would ever end by itself.
+    pids = tmp_path / "pids"
+    settings.CLOCKQ_SCALE_HOOK = f"sh -c 'sleep 3600 & echo $! $$ > {pids}; sleep 3600'"
+    failed: list[BaseException] = []
 
-    with pytest.raises(ScaleHookFailed, match=r"timed out after 0\.5 s"):
-        call_scale_hook(6, 4, 0.93, "r", timeout_s=0.5)
+    def call():
+        try:
+            call_scale_hook(6, 4, 0.93, "r", timeout_s=0.5)
+        except BaseException as exc:
+            failed.append(exc)
 
-    assert time.monotonic() - started < 5
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(60)  # a hook left to end by itself would hang here for the hour
+
+    assert not caller.is_alive(), "the hook was not killed"
+    assert len(failed) == 1 and isinstance(failed[0], ScaleHookFailed), failed
+    assert re.search(r"timed out after 0\.5 s", str(failed[0]))
+    started = pids.read_text().split() if pids.exists() else []  # none yet, on a slow machine
+    assert not any(is_alive(int(pid)) for pid in started)
 
 
 def test_the_setting_is_a_url_or_a_command():

@@ -4,7 +4,6 @@ state; with too little history it is persistence, and says so."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from datetime import timedelta
 
@@ -19,6 +18,7 @@ from clockq.forecasting import forecasts
 from clockq.forecasting.models import Forecast, MetricSample, ModelVersion
 from predictor import live, tasks
 from predictor.evaluation import select_champion
+from predictor.forecasters import forecast_latency_ms
 
 pytestmark = pytest.mark.django_db
 
@@ -133,19 +133,12 @@ def test_training_on_generated_history_picks_a_champion_by_the_rule_and_the_fore
     state = ControlState.objects.get()
     assert state.forecast == pytest.approx(row.value) and result["applied"]
 
-    # Serving the LSTM through the compiled call (the champion or not): a sanity bound only.
+    # The LSTM serves (the champion or not) through the compiled call, traced once.
     lstm = live.served_model(rows["lstm"])
     recent = forecasts.recent_history(10)
-    for _ in range(5):
-        lstm.forecast(recent.features, float(recent.target[-1]))
-    samples = []
-    for _ in range(50):
-        t0 = time.perf_counter()
-        lstm.forecast(recent.features, float(recent.target[-1]))
-        samples.append((time.perf_counter() - t0) * 1000)
-    median = statistics.median(samples)
-    print(f"LSTM forecast latency through the compiled call: median {median:.2f} ms")
-    assert median < 50
+    latency = forecast_latency_ms(lstm, recent.features, float(recent.target[-1]), repeats=50)
+    print(f"LSTM forecast latency through the compiled call: median {latency['median']:.2f} ms")
+    assert lstm._call.experimental_get_tracing_count() == 1
 
 
 def test_a_later_training_that_picks_persistence_retires_the_champion(model_dir):

@@ -4,8 +4,6 @@ its route, as beat sends it) is made there, recorded and applied to the control 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 
 import pytest
 from django.utils import timezone
@@ -16,7 +14,7 @@ from clockq.celery import app
 from clockq.control_state.models import ControlState
 from clockq.forecasting.models import Forecast, MetricSample
 from clockq.stack.roles import predictor_worker_argv
-from tests.harness import ROOT, die_with_parent, wait_for
+from tests.harness import ROOT, Service, wait_for
 from tests.helpers import database_url
 
 pytestmark = pytest.mark.integration
@@ -25,13 +23,10 @@ pytestmark = pytest.mark.integration
 def test_a_forecast_sent_by_its_route_runs_on_the_predictor_worker(transactional_db, redis_server, tmp_path):
     MetricSample.objects.create(at=timezone.now().replace(microsecond=0), load_index=0.2, gpus=1)
     heartbeat.announce(broker(), {"hostname": "gpu0@hostA", "gpu": 0, "host": "hostA", "pid": 1, "started": 0.0})
-    log = open(tmp_path / "predictor.log", "ab")  # noqa: SIM115 - closed below
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_server.url}
     env["CLOCKQ_MODEL_DIR"] = str(tmp_path / "models")
-    proc = subprocess.Popen(
-        predictor_worker_argv(host="test"), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True, preexec_fn=die_with_parent,
-    )  # fmt: skip
+    worker = Service("predictor worker", predictor_worker_argv(host="test"), env, ROOT, tmp_path / "predictor.log")
+    worker.start()
     try:
         assert app.amqp.router.route({}, "clockq.forecast")["queue"].name == "predictor"
         app.send_task("clockq.forecast")  # no queue given: the route decides, as for beat's ticks
@@ -41,11 +36,5 @@ def test_a_forecast_sent_by_its_route_runs_on_the_predictor_worker(transactional
         wait_for(lambda: ControlState.objects.filter(forecast=0.2).exists(), 10, what="the control state")
         assert ControlState.objects.get().prefetch_on  # 20% < 30%
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-        print((tmp_path / "predictor.log").read_text(errors="replace")[-4000:])
+        worker.stop(grace_s=20)
+        print(worker.log_text()[-4000:])

@@ -1,4 +1,4 @@
-"""Fuzzing (issue 7): schemathesis reads the API's own OpenAPI schema from GET /api/schema on a
+"""Fuzzing: schemathesis reads the API's own OpenAPI schema from GET /api/schema on a
 live server, generates requests for every operation in it, valid ones and invalid ones, and sends
 them over HTTP with a real API token. No answer may be a 5xx, and every answer must be one the
 schema documents (status code, content type and body).

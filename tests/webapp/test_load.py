@@ -1,4 +1,4 @@
-"""Load: hold 10,000 queued jobs and submit bursts of 1,000 (issue 7). Nothing is lost, and the
+"""Load: hold 10,000 queued jobs and submit bursts of 1,000. Nothing is lost, and the
 admin changelist, the job list and GET /api/jobs stay under 300 ms p95.
 
 No GPU workers: every job stays queued. The backlog is written in bulk (real tier rows, an

@@ -68,7 +68,7 @@ def start(job_id: int, argv: list[str]) -> CommandWorkload:
 
 def run_until(workload: CommandWorkload, name: str) -> None:
     """Step the program until it has made `name` in its work folder."""
-    wait_for(lambda: workload.step() is not None and (workload.work_dir / name).exists(), 20, 0, what=name)
+    wait_for(lambda: workload.step() is not None and (workload.work_dir / name).exists(), 20, interval=0, what=name)
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_a_setsid_grandchild_does_not_outlive_its_programs_success(monkeypatch):
         7, [PY, "-c", "import subprocess\nsubprocess.Popen(['setsid', 'sleep', '300'])\nopen('started', 'w')"]
     )
     uid = workload.folder.owner
-    wait_for(lambda: workload.step() == 1.0, 20, 0, what="the program's success")
+    wait_for(lambda: workload.step() == 1.0, 20, interval=0, what="the program's success")
 
     assert processes_of(uid) == []  # gone by the time the step reports success
     workload.close()
@@ -170,7 +170,7 @@ open("report.json", "w").write(json.dumps(report))
     for workload in (alice, bob):
         (workload.work_dir / "go").write_text("")
     for workload in (alice, bob):
-        wait_for(lambda w=workload: w.step() == 1.0, 20, 0, what="the report")
+        wait_for(lambda w=workload: w.step() == 1.0, 20, interval=0, what="the report")
         workload.close()
 
     alice_saw = json.loads((alice.work_dir / "report.json").read_text())

@@ -1,4 +1,4 @@
-"""Soak: kill -9 of a random GPU worker 100 times over a run of 200 jobs (issue 7).
+"""Soak: kill -9 of a random GPU worker 100 times over a run of 200 jobs.
 
 Real processes: `manage.py gpuworkers` with simulated GPUs restarts each Celery worker that
 dies. Nothing runs beat here, so a thread of this test runs the lease reaper and the reconciler
@@ -38,7 +38,7 @@ import signal
 import statistics
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -146,69 +146,57 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
 
 
-def test_kill_9_of_random_gpu_workers_loses_no_job_and_runs_none_twice(start_workers, alice, settings):
-    settings.CLOCKQ_LEASE_S = LEASE_S
-    settings.CLOCKQ_REDISPATCH_GRACE_S = 1.0
-    workers = start_workers(
-        gpus=GPUS,
-        CLOCKQ_LEASE_S=str(LEASE_S),
-        CLOCKQ_CHECKPOINT_EVERY_S="0.001",  # every recorded slice is checkpointed
-        CLOCKQ_REDISPATCH_GRACE_S="1",
-        CLOCKQ_LOG_LEVEL="WARNING",
-    )
+@dataclass
+class Run:
+    """What the kill loop did: the jobs it submitted, its kills, and how many GPU workers were up."""
+
+    ids: list[int] = field(default_factory=list)
+    kills: list[Kill] = field(default_factory=list)
+    ready_counts: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def _submit_and_kill(workers, alice) -> Run:
+    """Keep a few jobs waiting beyond the GPUs that are up and kill -9 a random ready worker at
+    a pace set by the jobs done, until every job is done and every kill made."""
     rng = random.Random(7)
-    maintenance = Maintenance()
-    maintenance.start()
-    ids: list[int] = []
-    kills: list[Kill] = []
+    run = Run()
     killed_pids: set[int] = set()
-    ready_counts: list[int] = []
     started = time.monotonic()
     next_kill = started + KILL_GAP_S
-    try:
-        while True:
-            now = time.monotonic()
-            active = _active(ids)
-            done = len(ids) - active
-            assert now - started < RUN_TIMEOUT_S, (
-                f"the run did not end in {RUN_TIMEOUT_S} s: {done} of {JOBS} jobs done, {len(kills)} kills"
-            )
-            ready = _ready_workers(workers.worker_pids(), killed_pids)
-            ready_counts.append(len(ready))
-            # A few jobs wait beyond those the GPUs that are up can run.
-            while len(ids) < JOBS and active < len(ready) + EXTRA_IN_FLIGHT:
-                ids.append(submit(alice, "SP", f"soak-{len(ids)}", steps=STEPS, step_ms=STEP_MS, state_kb=4).pk)
-                active += 1
-            # Kills keep pace with the jobs done, all of them within the first KILLS_BY of the run.
-            due = len(kills) < min(KILLS, KILLS * done / (KILLS_BY * JOBS) + 1)
-            if due and ready and now >= next_kill:
-                pid, hostname = rng.choice(ready)
-                os.kill(pid, signal.SIGKILL)  # its pool child dies with it (PR_SET_PDEATHSIG)
-                kills.append(Kill(datetime.now(UTC), pid, hostname))
-                killed_pids.add(pid)
-                next_kill = now + KILL_GAP_S
-            if len(ids) == JOBS and active == 0 and len(kills) == KILLS:
-                break
-            time.sleep(0.1)
-    finally:
-        maintenance.stop()
-    wall_s = time.monotonic() - started
+    while True:
+        now = time.monotonic()
+        active = _active(run.ids)
+        done = len(run.ids) - active
+        assert now - started < RUN_TIMEOUT_S, (
+            f"the run did not end in {RUN_TIMEOUT_S} s: {done} of {JOBS} jobs done, {len(run.kills)} kills"
+        )
+        ready = _ready_workers(workers.worker_pids(), killed_pids)
+        run.ready_counts.append(len(ready))
+        # A few jobs wait beyond those the GPUs that are up can run.
+        while len(run.ids) < JOBS and active < len(ready) + EXTRA_IN_FLIGHT:
+            run.ids.append(submit(alice, "SP", f"soak-{len(run.ids)}", steps=STEPS, step_ms=STEP_MS, state_kb=4).pk)
+            active += 1
+        # Kills keep pace with the jobs done, all of them within the first KILLS_BY of the run.
+        due = len(run.kills) < min(KILLS, KILLS * done / (KILLS_BY * JOBS) + 1)
+        if due and ready and now >= next_kill:
+            pid, hostname = rng.choice(ready)
+            os.kill(pid, signal.SIGKILL)  # its pool child dies with it (PR_SET_PDEATHSIG)
+            run.kills.append(Kill(datetime.now(UTC), pid, hostname))
+            killed_pids.add(pid)
+            next_kill = now + KILL_GAP_S
+        if len(run.ids) == JOBS and active == 0 and len(run.kills) == KILLS:
+            run.wall_s = time.monotonic() - started
+            return run
+        time.sleep(0.1)
 
-    jobs = {job.pk: job for job in Job.objects.filter(pk__in=ids)}
-    slices: dict[int, list[Slice]] = {pk: [] for pk in ids}
-    for s in Slice.objects.filter(job_id__in=ids).order_by("started_at", "id"):
-        slices[s.job_id].append(s)
 
-    lost = sorted(pk for pk, job in jobs.items() if job.state != "succeeded")
-    overlapping = sorted(pk for pk, rows in slices.items() if _overlap(rows))
-    too_many_steps = sorted(pk for pk, rows in slices.items() if sum(s.steps for s in rows) > jobs[pk].params["steps"])
-    twice = sorted({*overlapping, *too_many_steps})
-    too_few_steps = sorted(pk for pk, rows in slices.items() if sum(s.steps for s in rows) < jobs[pk].params["steps"])
-    charged = sorted(pk for pk, job in jobs.items() if job.failures or any(s.outcome == "failed" for s in slices[pk]))
-
-    # Which kills hit a running job, and how long until that job ran again. The pool child that
-    # runs jobs dies a moment after its parent (PR_SET_PDEATHSIG), so it may still claim a job
-    # just after the kill: hence the small allowance on the lost slice's start.
+def _match_kills(kills: list[Kill], slices: dict[int, list[Slice]], ids: list[int]) -> tuple[list[float], list[Slice]]:
+    """Which kills hit a running job, and how long until that job ran again (set on each Kill).
+    The pool child that runs jobs dies a moment after its parent (PR_SET_PDEATHSIG), so it may
+    still claim a job just after the kill: hence the small allowance on the lost slice's start.
+    Returns the times from a kill to the reaper taking its job back, and the lost slices that no
+    kill explains."""
     lost_slices = [s for rows in slices.values() for s in rows if s.outcome == "lost"]
     reaped_at: dict[int, list[datetime]] = {}
     for job_id, at in JobEvent.objects.filter(job_id__in=ids, actor="reaper").values_list("job_id", "at"):
@@ -232,23 +220,27 @@ def test_kill_9_of_random_gpu_workers_loses_no_job_and_runs_none_twice(start_wor
                 if reaped:
                     detect.append((min(reaped) - kill.at).total_seconds())
                 break
+    return detect, [s for s in lost_slices if s.pk not in explained]
+
+
+def _print_report(run: Run, jobs, slices, detect, unexplained, maintenance, lost, twice) -> None:
+    kills = run.kills
     hits = [k for k in kills if k.job_id is not None]
     resumes = [k.resumed_after_s for k in hits if k.resumed_after_s is not None]
-    unexplained = [s for s in lost_slices if s.pk not in explained]
+    lost_slices = sum(s.outcome == "lost" for rows in slices.values() for s in rows)
     kills_per_worker = {h: sum(k.hostname == h for k in kills) for h in sorted({k.hostname for k in kills})}
-
     detect = detect or [math.nan]
     p50, p90, worst = (statistics.median(resumes), _pct(resumes, 90), max(resumes)) if resumes else (math.nan,) * 3
     print(
         f"\nSOAK: {len(jobs)} jobs on {GPUS} simulated GPUs, {len(kills)} kills (kill -9 of a random GPU worker), "
         f"{len(hits)} hit a running job; lost {len(lost)}, run twice {len(twice)}; "
-        f"time to resume p50 {p50:.2f} s, max {worst:.2f} s (p90 {p90:.2f} s); wall {wall_s:.0f} s"
+        f"time to resume p50 {p50:.2f} s, max {worst:.2f} s (p90 {p90:.2f} s); wall {run.wall_s:.0f} s"
     )
     print(
         f"SOAK detail: kill to reap p50 {statistics.median(detect):.2f} s, max {max(detect):.2f} s "
-        f"(lease {LEASE_S} s, reaper every 0.5 s); GPU workers up: mean {statistics.mean(ready_counts):.1f}, "
-        f"min {min(ready_counts)} of {GPUS}; slices {sum(map(len, slices.values()))}, "
-        f"lost slices {len(lost_slices)} ({len(unexplained)} not from a kill), reaped {maintenance.reaped}, "
+        f"(lease {LEASE_S} s, reaper every 0.5 s); GPU workers up: mean {statistics.mean(run.ready_counts):.1f}, "
+        f"min {min(run.ready_counts)} of {GPUS}; slices {sum(map(len, slices.values()))}, "
+        f"lost slices {lost_slices} ({len(unexplained)} not from a kill), reaped {maintenance.reaped}, "
         f"re-dispatched {maintenance.redispatched}, kills per worker {kills_per_worker}"
     )
     for s in unexplained:
@@ -257,10 +249,45 @@ def test_kill_9_of_random_gpu_workers_loses_no_job_and_runs_none_twice(start_wor
             f"SOAK lost slice not from a kill: job {s.job_id} on {s.worker}, {s.started_at:%H:%M:%S.%f} to "
             f"{s.ended_at:%H:%M:%S.%f}; kills of that worker, s from the slice's end: {near}"
         )
+
+
+def test_kill_9_of_random_gpu_workers_loses_no_job_and_runs_none_twice(start_workers, alice, settings):
+    settings.CLOCKQ_LEASE_S = LEASE_S
+    settings.CLOCKQ_REDISPATCH_GRACE_S = 1.0
+    workers = start_workers(
+        gpus=GPUS,
+        CLOCKQ_LEASE_S=str(LEASE_S),
+        CLOCKQ_CHECKPOINT_EVERY_S="0.001",  # every recorded slice is checkpointed
+        CLOCKQ_REDISPATCH_GRACE_S="1",
+        CLOCKQ_LOG_LEVEL="WARNING",
+    )
+    maintenance = Maintenance()
+    maintenance.start()
+    try:
+        run = _submit_and_kill(workers, alice)
+    finally:
+        maintenance.stop()
+
+    ids = run.ids
+    jobs = {job.pk: job for job in Job.objects.filter(pk__in=ids)}
+    slices: dict[int, list[Slice]] = {pk: [] for pk in ids}
+    for s in Slice.objects.filter(job_id__in=ids).order_by("started_at", "id"):
+        slices[s.job_id].append(s)
+
+    lost = sorted(pk for pk, job in jobs.items() if job.state != "succeeded")
+    overlapping = sorted(pk for pk, rows in slices.items() if _overlap(rows))
+    too_many_steps = sorted(pk for pk, rows in slices.items() if sum(s.steps for s in rows) > jobs[pk].params["steps"])
+    twice = sorted({*overlapping, *too_many_steps})
+    too_few_steps = sorted(pk for pk, rows in slices.items() if sum(s.steps for s in rows) < jobs[pk].params["steps"])
+    charged = sorted(pk for pk, job in jobs.items() if job.failures or any(s.outcome == "failed" for s in slices[pk]))
+    detect, unexplained = _match_kills(run.kills, slices, ids)
+    _print_report(run, jobs, slices, detect, unexplained, maintenance, lost, twice)
+
+    hits = [k for k in run.kills if k.job_id is not None]
     assert not maintenance.errors, maintenance.errors[:5]
-    assert len(kills) == KILLS
+    assert len(run.kills) == KILLS
     assert lost == [], f"jobs lost: {[(pk, jobs[pk].state, jobs[pk].last_error[-300:]) for pk in lost[:10]]}"
     assert twice == [], f"jobs run twice: overlapping slices {overlapping[:10]}, too many steps {too_many_steps[:10]}"
     assert too_few_steps == [], f"jobs that succeeded with fewer recorded steps than they have: {too_few_steps[:10]}"
     assert charged == [], f"jobs charged a failure for a kill: {charged[:10]}"
-    assert len(resumes) == len(hits), "every job taken back ran again"
+    assert all(k.resumed_after_s is not None for k in hits), "every job taken back ran again"
