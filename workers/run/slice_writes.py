@@ -141,6 +141,7 @@ class SliceWrites:
                 "gpu_util": record.gpu_util,
                 "last_step": self.metrics.last_step,
                 "preempted": record.preempted,
+                "checkpoint_generation": record.checkpoint_generation,
             },
         )
         switched = outcome == SliceOutcome.YIELDED
