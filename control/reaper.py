@@ -1,5 +1,7 @@
 """Take back running jobs whose worker stopped renewing its lease, and run them again from
-their last good checkpoint. The lost slice is recorded as `lost`."""
+their last good checkpoint. The lost slice is recorded as `lost`, and the slices recorded after
+that checkpoint was taken (without one of their own) as rolled back: the job runs their steps
+again."""
 
 from __future__ import annotations
 
@@ -59,6 +61,8 @@ def reap_expired_leases() -> int:
                 used_ms=0,
                 outcome=SliceOutcome.LOST,
             )
+            if isinstance(generation, int):
+                Slice.objects.roll_back_to(job_id, generation)
             counters.count_slice(tier=tier, outcome=SliceOutcome.LOST, used_ms=0)
         reaped += 1
     if reaped:

@@ -106,6 +106,7 @@ class SliceInline(admin.TabularInline):
         "steps",
         "gpu_util",
         "outcome",
+        "rolled_back",
         "checkpoint_bytes",
         "checkpoint_ms",
         "restore_ms",

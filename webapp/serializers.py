@@ -26,6 +26,8 @@ class SliceSerializer(serializers.ModelSerializer):
             "used_ms",
             "steps",
             "outcome",
+            "rolled_back",
+            "checkpoint_generation",
             "checkpoint_bytes",
             "checkpoint_ms",
             "restore_ms",

@@ -196,6 +196,7 @@ class JobRun:
         target, outcome = _LEAVE_GPU[action]
         parked = target == JobState.QUEUED  # its workload waits in the warm cache
         record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(workload, park=parked)
+        record.checkpoint_generation = self.checkpoints.generation
         # This job's switch cost, so the planner keeps its switching within the overhead budget:
         # its own checkpoint and restore, plus this worker's measured requeue-hop-claim overhead.
         # Until that is measured it is left out, not guessed: a worker's first claims pay its
@@ -225,6 +226,7 @@ class JobRun:
         checkpointed = self.checkpoints.due()
         if checkpointed:
             record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(workload)
+            record.checkpoint_generation = self.checkpoints.generation
         self.writes.continued(record, checkpointed=checkpointed)
         if checkpointed:
             self.checkpoints.persist()

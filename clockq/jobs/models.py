@@ -201,6 +201,21 @@ class UserQuota(models.Model):
         return f"quota of {self.user}"
 
 
+class SliceQuerySet(models.QuerySet):
+    def roll_back_to(self, job_id: int, generation: int) -> int:
+        """The job went back to checkpoint `generation` (0: to its beginning): mark the slices
+        whose steps that checkpoint does not hold, those recorded after the one that took it, as
+        rolled back. How many were marked; none when no recorded slice took that generation (it
+        was taken before slices said so)."""
+        after = self.filter(job_id=job_id, steps__gt=0, rolled_back=False)
+        if generation:
+            took = self.filter(job_id=job_id, checkpoint_generation=generation).values_list("id", flat=True).first()
+            if took is None:
+                return 0
+            after = after.filter(id__gt=took)
+        return after.update(rolled_back=True)
+
+
 class Slice(models.Model):
     Outcome = models.TextChoices("Outcome", [(o.value, o.value) for o in SliceOutcome])
 
@@ -220,6 +235,16 @@ class Slice(models.Model):
     plan_reason = models.CharField(max_length=10, blank=True, default="", help_text="formula, floor or overhead")
     last_step = models.BigIntegerField(null=True, blank=True, help_text="The job's newest metric step at the end.")
     preempted = models.BooleanField(default=False, help_text="Cut short to make way for a waiting RT job.")
+    checkpoint_generation = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The checkpoint generation its end took, if it took one."
+    )
+    rolled_back = models.BooleanField(
+        default=False,
+        help_text="Its steps were undone: the job went back to a checkpoint from before its end (its own "
+        "was never written, it took none, or the slice failed), and ran them again.",
+    )
+
+    objects = SliceQuerySet.as_manager()
 
     class Meta:
         ordering = ["started_at", "id"]

@@ -9,10 +9,15 @@ What is measured, and what each word means:
 - lost: a job that is not `succeeded` at the end. Every job must succeed; a kill is not the
   job's fault, so no job may fail, nor count a failure, because of one.
 - run twice: a job two of whose slices overlap in time (two workers ran it at once), or whose
-  steps across all its slices exceed its `steps`. Every slice that is recorded (continued,
-  yielded, completed) carries a checkpoint here (CLOCKQ_CHECKPOINT_EVERY_S is tiny), so the
-  steps of a job's recorded slices add up to exactly its `steps`; work lost with a killed
-  worker is in no recorded slice (the reaper records that slice as `lost`, with 0 steps).
+  steps across its slices that were not rolled back exceed its `steps`. Those steps add up to
+  exactly its `steps`: work lost with a killed worker mid-slice is in no recorded slice (the
+  reaper records that slice as `lost`, with 0 steps), and a recorded slice whose steps the job
+  runs again is marked `rolled_back`. That happens when a kill takes with it a checkpoint that
+  the slice's end named but whose write, in the background after the switch
+  (workers/persister.py), had not finished: the next claim resumes from the generation before,
+  by design, and runs that slice's steps again. Counted as if kept, they would be counted
+  twice. Here every slice that continues takes a checkpoint (CLOCKQ_CHECKPOINT_EVERY_S is
+  tiny), so a persist is in flight at most boundaries, when the kills come.
 - kill that hit a running job: the killed worker held a job, shown by the `lost` slice the
   reaper recorded for that worker, begun before the kill (or just after: the pool child that
   runs jobs outlives its parent by a moment) and ended (its lease expired) after it. A kill of
@@ -228,6 +233,7 @@ def _print_report(run: Run, jobs, slices, detect, unexplained, maintenance, lost
     hits = [k for k in kills if k.job_id is not None]
     resumes = [k.resumed_after_s for k in hits if k.resumed_after_s is not None]
     lost_slices = sum(s.outcome == "lost" for rows in slices.values() for s in rows)
+    rolled_back = [s for rows in slices.values() for s in rows if s.rolled_back]
     kills_per_worker = {h: sum(k.hostname == h for k in kills) for h in sorted({k.hostname for k in kills})}
     detect = detect or [math.nan]
     p50, p90, worst = (statistics.median(resumes), _pct(resumes, 90), max(resumes)) if resumes else (math.nan,) * 3
@@ -240,7 +246,8 @@ def _print_report(run: Run, jobs, slices, detect, unexplained, maintenance, lost
         f"SOAK detail: kill to reap p50 {statistics.median(detect):.2f} s, max {max(detect):.2f} s "
         f"(lease {LEASE_S} s, reaper every 0.5 s); GPU workers up: mean {statistics.mean(run.ready_counts):.1f}, "
         f"min {min(run.ready_counts)} of {GPUS}; slices {sum(map(len, slices.values()))}, "
-        f"lost slices {lost_slices} ({len(unexplained)} not from a kill), reaped {maintenance.reaped}, "
+        f"lost slices {lost_slices} ({len(unexplained)} not from a kill), rolled back {len(rolled_back)} "
+        f"({sum(s.steps for s in rolled_back)} steps run again), reaped {maintenance.reaped}, "
         f"re-dispatched {maintenance.redispatched}, kills per worker {kills_per_worker}"
     )
     for s in unexplained:
@@ -276,9 +283,10 @@ def test_kill_9_of_random_gpu_workers_loses_no_job_and_runs_none_twice(start_wor
 
     lost = sorted(pk for pk, job in jobs.items() if job.state != "succeeded")
     overlapping = sorted(pk for pk, rows in slices.items() if _overlap(rows))
-    too_many_steps = sorted(pk for pk, rows in slices.items() if sum(s.steps for s in rows) > jobs[pk].params["steps"])
+    kept_steps = {pk: sum(s.steps for s in rows if not s.rolled_back) for pk, rows in slices.items()}
+    too_many_steps = sorted(pk for pk, steps in kept_steps.items() if steps > jobs[pk].params["steps"])
     twice = sorted({*overlapping, *too_many_steps})
-    too_few_steps = sorted(pk for pk, rows in slices.items() if sum(s.steps for s in rows) < jobs[pk].params["steps"])
+    too_few_steps = sorted(pk for pk, steps in kept_steps.items() if steps < jobs[pk].params["steps"])
     charged = sorted(pk for pk, job in jobs.items() if job.failures or any(s.outcome == "failed" for s in slices[pk]))
     detect, unexplained = _match_kills(run.kills, slices, ids)
     _print_report(run, jobs, slices, detect, unexplained, maintenance, lost, twice)

@@ -149,6 +149,13 @@ class Checkpointer:
     def saved_generation(self) -> int | str:
         return generation_label(self.saved_files[0]) if self.saved_files else 0
 
+    def saved_generation_number(self) -> int | None:
+        """The generation of the last good checkpoint the database holds (0: none), or None when
+        its name names none."""
+        if not self.saved_files:
+            return 0
+        return generation_of(self.saved_files[0]) if is_checkpoint_name(self.saved_files[0]) else None
+
 
 def is_checkpoint_name(name: object) -> bool:
     try:

@@ -67,7 +67,14 @@ class SliceFailures:
         if give_up:
             extra["finished_at"] = timezone.now()
         try:
-            self.writes.end(record, SliceOutcome.FAILED, to, reason[:1000], extra)
+            self.writes.end(
+                record,
+                SliceOutcome.FAILED,
+                to,
+                reason[:1000],
+                extra,
+                rolled_back_to=self.checkpoints.saved_generation_number(),
+            )
         except LostOwnership:
             return RunOutcome.LOST_OWNERSHIP
         return RunOutcome.FAILED if give_up else RunOutcome.RETRYING
@@ -82,7 +89,14 @@ class SliceFailures:
             f"back in the queue from checkpoint generation {self.checkpoints.saved_generation()}"
         )
         try:
-            self.writes.end(record, SliceOutcome.FAULT, JobState.QUEUED, reason[:1000], {})
+            self.writes.end(
+                record,
+                SliceOutcome.FAULT,
+                JobState.QUEUED,
+                reason[:1000],
+                {},
+                rolled_back_to=self.checkpoints.saved_generation_number(),
+            )
         except LostOwnership:
             return RunOutcome.LOST_OWNERSHIP
         self.runtime.storage_failed(str(exc))
@@ -101,6 +115,7 @@ class SliceFailures:
                 JobState.FAILED,
                 str(exc)[:1000],
                 {"last_error": str(exc), "finished_at": timezone.now()},
+                rolled_back_to=self.checkpoints.saved_generation_number(),
             )
         except LostOwnership:
             return RunOutcome.LOST_OWNERSHIP

@@ -12,12 +12,13 @@ import logging
 from collections.abc import Callable
 
 from django.conf import settings
+from django.db import transaction
 from redis import RedisError
 
 from clockq.bus import persists
 from clockq.bus.client import client
 from clockq.jobs.checkpoints import RestoreAbandoned, StorageError
-from clockq.jobs.models import Job
+from clockq.jobs.models import Job, Slice
 from clockq.policy.states import JobState
 from workers.run.checkpointer import Checkpointer, generation_label, is_checkpoint_name
 from workers.run.claim import ClaimedJob
@@ -111,11 +112,15 @@ class Restore:
         )
         self.note(f"checkpoint generation {generation_label(current)} unusable ({'; '.join(reasons)}); {fallback}")
         kept = files[files.index(restored.name) :] if restored.name else []
-        # Take the unusable ones off the job now, so the next claim does not wait for them too.
-        if not Job.objects.filter(pk=self.job_id, state=JobState.RUNNING, dispatch_token=self.token).update(
-            checkpoint_files=kept
-        ):
-            raise LostOwnership("job changed under this worker")
+        with transaction.atomic():
+            # Take the unusable ones off the job now, so the next claim does not wait for them too.
+            if not Job.objects.filter(pk=self.job_id, state=JobState.RUNNING, dispatch_token=self.token).update(
+                checkpoint_files=kept
+            ):
+                raise LostOwnership("job changed under this worker")
+            # The steps of the slices that only the unusable ones held are run again: their rows
+            # say so, or the job's slices would count those steps twice.
+            Slice.objects.roll_back_to(self.job_id, restored.generation)
         self.checkpoints.fall_back(kept)
         return restored.state
 

@@ -54,8 +54,19 @@ class SliceWrites:
         self.steps = steps
         self.metrics = metrics
 
-    def end(self, record: SliceRecord, outcome: SliceOutcome, to: JobState, reason: str, extra: dict) -> None:
-        """Leave RUNNING, with the slice recorded in the same transaction."""
+    def end(
+        self,
+        record: SliceRecord,
+        outcome: SliceOutcome,
+        to: JobState,
+        reason: str,
+        extra: dict,
+        *,
+        rolled_back_to: int | None = None,
+    ) -> None:
+        """Leave RUNNING, with the slice recorded in the same transaction. With `rolled_back_to`
+        (a generation, 0: none), the job went back to that checkpoint: this slice and those
+        after the one that took it are marked rolled back."""
         updates = {**self._progress_fields(record), **extra}  # before the return is noted
         with transaction.atomic():
             self._note_return()
@@ -75,6 +86,8 @@ class SliceWrites:
             if outcome in (SliceOutcome.YIELDED, SliceOutcome.COMPLETED):
                 self.metrics.save()  # checkpointed or finished; a failed slice's are rolled back
             self._save_slice(record, outcome)
+            if rolled_back_to is not None:
+                Slice.objects.roll_back_to(self.job_id, rolled_back_to)
 
     def continued(self, record: SliceRecord, *, checkpointed: bool) -> None:
         """Stay RUNNING for another slice: renew the lease, and record this one."""
@@ -141,6 +154,7 @@ class SliceWrites:
                 "gpu_util": record.gpu_util,
                 "last_step": self.metrics.last_step,
                 "preempted": record.preempted,
+                "checkpoint_generation": record.checkpoint_generation,
             },
         )
         switched = outcome == SliceOutcome.YIELDED

@@ -34,6 +34,7 @@ class SliceRecord:
     restore_ms: float = 0.0
     checkpoint_bytes: int = 0
     checkpoint_ms: float = 0.0
+    checkpoint_generation: int | None = None  # the one its end took, if it took one
     gpu_util: float | None = None
     cut_short: bool = False  # ended at a step by an interrupt, before its time was up
     preempted: bool = False  # and made way for an RT job
