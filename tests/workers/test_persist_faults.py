@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 from clockq.jobs.checkpoints import CheckpointStore, generation_of
 from clockq.jobs.models import Job
-from clockq.stack.roles import gpu_worker_argv
 from control.reaper import reap_expired_leases
 from control.reconcile import reconcile_queued_jobs
-from tests.harness import ROOT, ZOMBIE, Service, process_stat, wait_for
-from tests.helpers import assert_no_overlap, database_url, submit, wait_finished
-from workers.gpus import gpu_worker_env, simulated_gpus
+from tests.harness import ZOMBIE, process_stat, wait_for
+from tests.helpers import assert_no_overlap, submit, wait_finished
 
 pytestmark = pytest.mark.integration
 
@@ -59,81 +56,45 @@ def _kill_and_wait(groups: set[int]) -> None:
     wait_for(lambda: not _live_members(groups), 10, interval=0.005, what="the killed workers to be dead")
 
 
-def _gated_worker(redis_url: str, gate: Path, log_path: Path, **env: str) -> Service:
-    """A GPU worker on clockq's app whose checkpoint writes hold while `gate` exists
-    (tests/workers/persist_gate_app.py), as `manage.py gpuworkers` would start gpu0."""
-    argv = gpu_worker_argv(0)
-    argv[argv.index("clockq")] = "tests.workers.persist_gate_app"  # -A: the app
-    env = {
-        **os.environ,
-        **gpu_worker_env(simulated_gpus(1)[0]),
-        "DATABASE_URL": database_url(),
-        "REDIS_URL": redis_url,
-        "CLOCKQ_CHECKPOINT_DIR": str(settings.CLOCKQ_CHECKPOINT_DIR),
-        "CLOCKQ_TEST_PERSIST_GATE": str(gate),
-        **env,
-    }
-    return Service("gated gpu0", argv, env, ROOT, log_path).start()
+def test_a_worker_killed_with_a_persist_in_flight_loses_only_what_was_in_flight(start_workers, alice):
+    # Two jobs take turns on one GPU with big states, so a persist is in flight most of the time.
+    # The default wait bound (30 s): the claim must see for itself that nobody writes the file.
+    workers = start_workers(gpus=1, CLOCKQ_OVERHEAD_BUDGET="0", CLOCKQ_LEASE_S="2")
+    jobs = [submit(alice, "SP", f"big-{x}", steps=3000, step_ms=2, state_kb=96 * MB_KB) for x in "ab"]
+    ids = [job.pk for job in jobs]
+    store = _store()
+    wait_for(
+        lambda: Job.objects.filter(pk__in=ids, checkpoint_generation__gte=2).count() == 2, 60, what="two checkpoints"
+    )
 
-
-def test_a_worker_killed_with_a_persist_in_flight_loses_only_what_was_in_flight(
-    start_workers, redis_server, alice, tmp_path
-):
-    # Two jobs take turns on one GPU with big states. The default wait bound (30 s): the claim
-    # must see for itself that nobody writes the file.
-    gate = tmp_path / "persist-gate"
-    held = tmp_path / "persist-gate.held"
-    log_path = tmp_path / "gated.log"
-    gated = _gated_worker(redis_server.url, gate, log_path, CLOCKQ_OVERHEAD_BUDGET="0", CLOCKQ_LEASE_S="2")
-    try:
-        jobs = [submit(alice, "SP", f"big-{x}", steps=3000, step_ms=2, state_kb=96 * MB_KB) for x in "ab"]
-        ids = [job.pk for job in jobs]
-        store = _store()
-
-        def checkpointed_twice():
-            gated.check_alive()
-            return Job.objects.filter(pk__in=ids, checkpoint_generation__gte=2).count() == 2
-
-        wait_for(checkpointed_twice, 120, what="two checkpoints")
-
-        def newest_not_on_disk(job_id: int):
-            """(job, its newest named checkpoint, the newest on disk) if the newest is not on disk."""
-            files = Job.objects.get(pk=job_id).checkpoint_files
-            on_disk = [f for f in files if store.path(job_id, f).exists()]
-            if files and on_disk and files[0] not in on_disk:
+    def caught_in_flight():
+        """A job whose newest named checkpoint is not on disk yet (its persist is in flight),
+        with an older named one that is."""
+        for job_id, files in Job.objects.filter(pk__in=ids).values_list("pk", "checkpoint_files"):
+            on_disk = [name for name in files if store.path(job_id, name).exists()]
+            if on_disk and files[0] not in on_disk:
                 return job_id, files[0], on_disk[0]
-            return None
+        return None
 
-        def held_in_flight():
-            """A job whose newest named checkpoint is a write held at the gate."""
-            gated.check_alive()
-            for line in held.read_text().splitlines() if held.exists() else []:
-                job_id, name = line.split()
-                caught = newest_not_on_disk(int(job_id))
-                if caught and caught[1] == name:
-                    return caught
-            return None
-
-        # When the worker is killed while a persist is held in flight
-        gate.touch()
-        job_id = wait_for(held_in_flight, 120, what="a persist held in flight")[0]
-        _kill_and_wait({gated.proc.pid})  # a session of its own: its process group is its pid
-    finally:
-        gated.stop()
-    gate.unlink(missing_ok=True)
-    # Read again once it is dead: it may have yielded that job again meanwhile, naming a newer
-    # generation whose snapshot waited behind the held one (and died with it too).
-    victim = newest_not_on_disk(job_id)
-    assert victim is not None, "the held write finished"
+    victim = None
+    for _attempt in range(5):
+        wait_for(caught_in_flight, 30, interval=0.002, what="a persist in flight")
+        killed = set(workers.worker_pids())
+        _kill_and_wait({os.getpgid(pid) for pid in killed})
+        # Read again once the worker is dead: between the look and the kill it may have yielded
+        # again (its newer snapshot superseding the one seen in flight) or finished the write.
+        victim = caught_in_flight()
+        if victim is not None:
+            break
+        # The write finished just before the kill: once the supervisor has restarted the worker, again.
+        wait_for(lambda killed=killed: set(workers.worker_pids()) - killed, 60, what="a restarted worker")
+    assert victim is not None, "never killed the worker in the middle of a persist"
     job_id, lost, durable = victim
 
-    # Then a worker as `manage.py gpuworkers` starts it takes over, and the reaper takes back
-    # the job that was running. The reconciler does what beat has it do every 15 s: a kill just
-    # after the worker took the other job's wake-up off the list, before kombu recorded it as
-    # unacked, loses that message (in neither the list nor the unacked hash), and only the
-    # reconciler sends it again.
-    start_workers(gpus=1, CLOCKQ_OVERHEAD_BUDGET="0", CLOCKQ_LEASE_S="2")
-
+    # The supervisor restarts the worker; the reaper takes back the job that was running. The
+    # reconciler does what beat has it do every 15 s: a kill just after the worker took the
+    # other job's wake-up off the list, before kombu recorded it as unacked, loses that message
+    # (seen here: in neither the list nor the unacked hash), and only the reconciler sends it again.
     def finished():
         reap_expired_leases()
         reconcile_queued_jobs()
