@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clockq.bus import counters
-from clockq.jobs.checkpoints import generation_of
+from clockq.jobs.checkpoints import generation_label
 from clockq.jobs.models import Job, Slice
 from clockq.jobs.transitions import transition
 from clockq.policy.slicing import SliceOutcome
@@ -34,7 +34,8 @@ def reap_expired_leases() -> int:
     )
     reaped = 0
     for job_id, token, worker, slice_started_at, files, lease_expired_at, tier in expired:
-        generation = _newest_generation(files)
+        # What the job resumes from, as its history says: the generation the database names.
+        generation = generation_label(files[0]) if files else 0
         with transaction.atomic():
             # The new token makes anything the lost worker still sends stale: a late slice end,
             # a late completion or its re-delivered message all fail their compare-and-set.
@@ -68,16 +69,6 @@ def reap_expired_leases() -> int:
     if reaped:
         log.warning("took back %s job(s) whose worker lease expired", reaped)
     return reaped
-
-
-def _newest_generation(files) -> int | str:
-    """What the job resumes from, as its history says: the generation the database names."""
-    if not files:
-        return 0
-    try:
-        return generation_of(files[0])
-    except (TypeError, ValueError):
-        return repr(files[0])
 
 
 def _gpu_of(worker: str) -> int:

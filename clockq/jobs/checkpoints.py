@@ -304,3 +304,16 @@ class CheckpointStore:
                 self.job_dir(job_id).rmdir()
         except OSError as exc:
             raise StorageError(f"deleting the checkpoints of job {job_id}: {exc}") from exc
+
+
+def is_checkpoint_name(name: object) -> bool:
+    try:
+        generation_of(name)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def generation_label(name: object) -> int | str:
+    """The generation a name stands for, or the name itself, quoted, when it names none."""
+    return generation_of(name) if is_checkpoint_name(name) else repr(name)  # type: ignore[arg-type]

@@ -16,7 +16,13 @@ from django.conf import settings
 
 from clockq.bus import persists
 from clockq.jobs import quotas, workloads
-from clockq.jobs.checkpoints import KEEP_GENERATIONS, checkpoint_name, generation_of
+from clockq.jobs.checkpoints import (
+    KEEP_GENERATIONS,
+    checkpoint_name,
+    generation_label,
+    generation_of,
+    is_checkpoint_name,
+)
 from workers.persister import POPULATE_FROM_BYTES, Persist, Snapshot
 from workers.run.claim import ClaimedJob
 from workers.run.errors import workload_errors
@@ -155,19 +161,6 @@ class Checkpointer:
         if not self.saved_files:
             return 0
         return generation_of(self.saved_files[0]) if is_checkpoint_name(self.saved_files[0]) else None
-
-
-def is_checkpoint_name(name: object) -> bool:
-    try:
-        generation_of(name)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def generation_label(name: object) -> int | str:
-    """The generation a name stands for, or the name itself, quoted, when it names none."""
-    return generation_of(name) if is_checkpoint_name(name) else repr(name)  # type: ignore[arg-type]
 
 
 def _names_to_keep(names: list[str], unwritten: set[str]) -> list[str]:

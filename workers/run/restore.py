@@ -17,10 +17,10 @@ from redis import RedisError
 
 from clockq.bus import persists
 from clockq.bus.client import client
-from clockq.jobs.checkpoints import RestoreAbandoned, StorageError
+from clockq.jobs.checkpoints import RestoreAbandoned, StorageError, generation_label, is_checkpoint_name
 from clockq.jobs.models import Job, Slice
 from clockq.policy.states import JobState
-from workers.run.checkpointer import Checkpointer, generation_label, is_checkpoint_name
+from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob
 from workers.run.errors import LostOwnership, workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
