@@ -3,8 +3,10 @@ in flight, a worker frozen until its job has a new owner, a worker stopped with 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -56,6 +58,32 @@ def _kill_and_wait(groups: set[int]) -> None:
     wait_for(lambda: not _live_members(groups), 10, interval=0.005, what="the killed workers to be dead")
 
 
+def _threads_running(groups: set[int]) -> list[str]:
+    """The threads of these groups' live processes that are not stopped yet. A thread inside a
+    syscall (a write, an fsync, a rename) stops only once the syscall returns."""
+    running = []
+    for pid in _live_members(groups):
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("T", "t", *ZOMBIE):
+                    running.append(f"{pid}/{task.name}:{state}")
+    return running
+
+
+def _freeze(groups: set[int]) -> None:
+    """SIGSTOP the groups and wait until every thread in them has stopped: from then on nothing
+    they do changes the disk, so what is on it can be judged before choosing to kill them."""
+    for group in groups:
+        os.killpg(group, signal.SIGSTOP)
+    wait_for(lambda: not _threads_running(groups), 30, interval=0.002, what="the workers' threads to stop")
+
+
+def _thaw(groups: set[int]) -> None:
+    for group in groups:
+        os.killpg(group, signal.SIGCONT)
+
+
 def test_a_worker_killed_with_a_persist_in_flight_loses_only_what_was_in_flight(start_workers, alice):
     # Two jobs take turns on one GPU with big states, so a persist is in flight most of the time.
     # The default wait bound (30 s): the claim must see for itself that nobody writes the file.
@@ -76,19 +104,22 @@ def test_a_worker_killed_with_a_persist_in_flight_loses_only_what_was_in_flight(
                 return job_id, files[0], on_disk[0]
         return None
 
-    victim = None
-    for _attempt in range(5):
-        wait_for(caught_in_flight, 30, interval=0.002, what="a persist in flight")
-        killed = set(workers.worker_pids())
-        _kill_and_wait({os.getpgid(pid) for pid in killed})
-        # Read again once the worker is dead: between the look and the kill it may have yielded
-        # again (its newer snapshot superseding the one seen in flight) or finished the write.
-        victim = caught_in_flight()
-        if victim is not None:
+    # Freeze the worker when a persist looks in flight, then look again: if the write is still
+    # unfinished, kill the worker; if it finished in between, let the worker go on and look later.
+    groups = {os.getpgid(pid) for pid in workers.worker_pids()}
+    for _attempt in range(50):
+        wait_for(caught_in_flight, 60, interval=0.002, what="a persist in flight")
+        _freeze(groups)
+        if caught_in_flight() is not None:
             break
-        # The write finished just before the kill: once the supervisor has restarted the worker, again.
-        wait_for(lambda killed=killed: set(workers.worker_pids()) - killed, 60, what="a restarted worker")
-    assert victim is not None, "never killed the worker in the middle of a persist"
+        _thaw(groups)
+    else:
+        pytest.fail("never froze the worker in the middle of a persist")
+    _kill_and_wait(groups)
+    # Read again once the worker is dead: a database commit it had sent before it stopped may
+    # have landed since (on PostgreSQL the server finishes it).
+    victim = caught_in_flight()
+    assert victim is not None, "the persist seen in flight while the worker was frozen finished"
     job_id, lost, durable = victim
 
     # The supervisor restarts the worker; the reaper takes back the job that was running. The
