@@ -1,0 +1,245 @@
+"""Who gets a GPU: the order of jobs, which running job makes way, and the lower tiers' share.
+
+This is the seam every scheduling decision about order goes through. The trace simulator keeps
+its jobs in structures keyed by these functions' keys; the live system asks the same functions.
+
+- **Service levels (tier-weighted, discretised LAS).** A job's level is the number of rungs of
+  the service ladder its attained service (GPUs x seconds) has passed. Each tier stretches the
+  ladder by its weight: x1.25 for each step of urgency, so an RT job stays on a level about 2.4
+  times as long as a BK job. That is Tiresias's discretised least-attained-service (Gu et al.,
+  NSDI '19), which needs no job sizes, told what the tiers say about urgency. The weight is
+  mild on purpose: a steep one (x2 per step, RT 16x) keeps long urgent jobs ahead of short
+  lower-tier ones, which is processor order by tier again and costs mean completion time
+  under overload; with no weight at all, long urgent jobs miss their deadlines under
+  overload, as under plain LAS. A long job of any
+  tier sinks below new work, so a months-long service cannot starve a queue, and a new job of
+  any tier starts soon; a new urgent job starts first.
+- **Order.** Level first, then tier, then the tier's own jobs before jobs promoted into it,
+  then the user's share of recent service in that tier (fair share: a user with 500 waiting
+  jobs does not crowd out one with one), then the time the job was first submitted. A job that
+  yields keeps its place: it re-enters with its first submit time, not the time it yielded.
+- **Promotion.** A promoted job is scheduled in the more urgent tier, at the level its service
+  there gives it (counted afresh), behind that tier's own jobs of the same level: it goes ahead
+  of its own tier, the tiers below and the higher tier's long-served jobs, but it never takes
+  the higher tier's promise from that tier's own new work. It keeps the promotion until it has
+  had the first rung of service there (`Ladder.promotion_service`).
+- **Making way.** A waiting job displaces a running one only if it comes before it in that
+  order, and the victim leaves once it has had a planned slice (long enough, by
+  `slicing.plan_slice`, to keep its switch within the overhead budget); for the urgent tiers
+  (RT and HP, `interrupts`) it leaves at once. For RT the cheapest switch goes first (its wait
+  is the victim's checkpoint); for others the job furthest back in the order, the cheapest
+  first among equals (`victim_key`, `pick_victim`).
+- **Backfill.** A job that needs more GPUs than are free (a gang) holds its place; jobs behind
+  it may use the free GPUs meanwhile, and make way for it after a slice (`may_backfill`).
+- **Lower tiers' share.** While jobs of the best-effort tiers (BP, BK) wait and hold less than
+  `LOWER_TIER_SHARE` of the GPUs, a free GPU goes to the best of them: a bounded share, so they
+  progress under saturation without taking GPUs from RT or HP beyond it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+# The ladder for the least urgent tier, in GPU-seconds: 5 GPU-minutes, then x8 per rung (40
+# GPU-minutes, 5.3 and 43 GPU-hours). Geometric rungs: a job's level tells the order of
+# magnitude of its service, whatever the trace's time scale.
+BASE_LADDER_GPU_S: tuple[float, ...] = (300.0, 2_400.0, 19_200.0, 153_600.0)
+# Each step of urgency stretches the ladder (RT 2.44x, HP 1.95x, SP 1.56x, BP 1.25x, BK 1x with
+# five tiers); see the module docstring for why mild.
+WEIGHT_PER_RANK = 1.25
+# The urgent tiers (RT and HP of the five: ranks below this one) interrupt their victim at its
+# next step instead of waiting for its slice to end: their wait targets are promises, and they
+# are few enough that their interrupts stay within the overhead budget.
+INTERRUPT_BELOW_RANK = 2
+# The best-effort tiers (BP and BK of the five: ranks from this one) and their bounded share of
+# the GPUs under saturation.
+SHARE_FROM_RANK = 3
+LOWER_TIER_SHARE = 0.1
+# A user's recent service decays with this half-life (Slurm's PriorityDecayHalfLife default).
+FAIR_SHARE_HALF_LIFE_S = 7 * 86_400.0
+# A fair amount of service for a promoted job before it goes home: the first rung of the tier
+# it was promoted to.
+PROMOTION_RUNGS = 1
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """The service ladder: rungs for the least urgent tier, stretched per tier."""
+
+    base_gpu_s: tuple[float, ...] = BASE_LADDER_GPU_S
+    weight_per_rank: float = WEIGHT_PER_RANK
+    tiers: int = 5
+
+    def __post_init__(self) -> None:
+        rungs = self.base_gpu_s
+        finite = all(math.isfinite(r) for r in rungs)
+        if not rungs or not finite or rungs[0] <= 0 or any(a >= b for a, b in itertools.pairwise(rungs)):
+            raise ValueError("the service ladder's rungs must be finite, positive and strictly increasing")
+        if not (self.weight_per_rank >= 1 and math.isfinite(self.weight_per_rank)):
+            raise ValueError("the ladder's weight per rank must be a number >= 1")
+        # The simulator asks for a level millions of times a replay: stretch the rungs once.
+        per_rank = tuple(tuple(r * self.weight(rank) for r in rungs) for rank in range(self.tiers))
+        object.__setattr__(self, "_rungs_by_rank", per_rank)
+
+    def weight(self, rank: int) -> float:
+        return self.weight_per_rank ** (self.tiers - 1 - rank)
+
+    def rungs(self, rank: int) -> tuple[float, ...]:
+        return self._rungs_by_rank[rank]  # type: ignore[attr-defined]
+
+    def level(self, rank: int, attained_gpu_s: float) -> int:
+        """How many rungs of its tier's ladder the service has passed."""
+        return bisect.bisect_right(self.rungs(rank), attained_gpu_s)
+
+    def next_rung(self, rank: int, attained_gpu_s: float) -> float | None:
+        """The service at which the job drops a level; None on the last one."""
+        rungs = self.rungs(rank)
+        i = bisect.bisect_right(rungs, attained_gpu_s)
+        return rungs[i] if i < len(rungs) else None
+
+    def promotion_service(self, to_rank: int) -> float:
+        """Service a promoted job gets in its new tier before it returns home."""
+        return sum(self.rungs(to_rank)[:PROMOTION_RUNGS])
+
+
+DEFAULT_LADDER = Ladder()
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What the order knows of a job, waiting or running."""
+
+    rank: int  # the tier it is scheduled in now (its own, or the one it was promoted to)
+    level: int  # its service level (Ladder.level) in that tier
+    user_share_gpu_s: float  # its user's recent service in that tier, counted by `share_weight`
+    submitted: float  # when it was first submitted (seconds on any clock), also after it yielded
+    job_id: int = 0  # ties broken by id, so the order is total
+    promoted: bool = False  # scheduled in a tier above its own (a promotion or a batch chance)
+    gpus: int = 1  # how many it needs at once (a gang needs them all)
+
+
+Key = tuple[int, int, bool, float, float, int]
+
+
+def order_key(s: Standing) -> Key:
+    """Sort key: smaller goes first."""
+    return (s.level, s.rank, s.promoted, s.user_share_gpu_s, s.submitted, s.job_id)
+
+
+def outranks(waiting: Standing, running: Standing) -> bool:
+    """Whether a waiting job is in a better class than a running one: a better level, else a
+    more urgent tier, else its own tier's job against a promoted one. Within a class nobody
+    is displaced (the first come keeps its GPU), as in Tiresias, where preemption happens
+    only across queues: taking turns within a class would be processor sharing, which slows
+    every job of the class and makes none of them finish sooner. The user share is left out
+    too: a job does not leave its GPU because its owner's share grew while it ran."""
+    return (waiting.level, waiting.rank, waiting.promoted) < (running.level, running.rank, running.promoted)
+
+
+def may_displace(waiting: Standing, running: Standing) -> bool:
+    """Whether `waiting` should have `running`'s GPU: it comes first in the order. RT does not
+    displace RT (it waits for a free GPU or a lower-tier victim): an RT job's slice is the
+    latency promise of another RT job."""
+    if running.rank == 0 and waiting.rank == 0:
+        return False
+    return outranks(waiting, running)
+
+
+def interrupts(rank: int) -> bool:
+    """Whether a waiting job of this tier makes its victim leave at once (`leaves_at`)."""
+    return rank < INTERRUPT_BELOW_RANK
+
+
+def leaves_at(*, now: float, got_gpus_at: float, slice_s: float, interrupt: bool) -> float:
+    """When a victim leaves its GPU: at once for an urgent tier's job (its interrupt ends the
+    slice at the next step); otherwise once it has had one planned slice since it got the GPU,
+    and at once if it has. `slicing.plan_slice` makes a slice long enough that its switch stays within the
+    overhead budget, so a job is never displaced more often than the budget allows: the
+    minimum run time, relative to the switch cost, that keeps jobs from thrashing."""
+    if interrupt:
+        return now
+    return max(now, got_gpus_at + slice_s)
+
+
+def victim_key(running: Standing, switch_cost_s: float, *, for_rt: bool) -> tuple:
+    """Sort key of a running job as a victim: smaller makes way first. For RT the cheapest
+    switch (its wait is the victim's checkpoint); otherwise the job furthest back in the order,
+    the cheapest among equals."""
+    if for_rt:
+        return (switch_cost_s, -running.level, -running.rank, running.promoted, -running.submitted)
+    return (-running.level, -running.rank, not running.promoted, -running.submitted, switch_cost_s)
+
+
+def pick_victim(
+    waiting: Standing, candidates: Iterable[Standing], *, held_by_lower: int, total_gpus: int
+) -> int | None:
+    """Which running job makes way for `waiting`: the index into `candidates` (the running jobs
+    in `victim_key` order, cheapest first for RT), or None. The walk passes over the jobs the
+    bounded share protects (and, for RT, RT jobs: a cheaper non-RT job may be behind them) and
+    stops at the first job `waiting` may not displace: a job better placed than it is never
+    taken, nor any behind it. `candidates` is consumed lazily, so a caller may feed it from a
+    heap. For a gang, call it again after each victim, with the share updated."""
+    for i, running in enumerate(candidates):
+        if share_protects(running, for_rt=waiting.rank == 0, held_by_lower=held_by_lower, total_gpus=total_gpus):
+            continue
+        if waiting.rank == 0 and running.rank == 0:
+            continue
+        return i if may_displace(waiting, running) else None
+    return None
+
+
+def lower_share_gpus(total_gpus: int) -> int:
+    """The best-effort tiers' share in whole GPUs: none on a cluster too small for a tenth of
+    it to be a GPU (on one GPU, a share would be the whole cluster)."""
+    return math.floor(LOWER_TIER_SHARE * total_gpus)
+
+
+def in_lower_share(rank: int) -> bool:
+    """Whether a tier of this rank is one of the best-effort tiers that share `LOWER_TIER_SHARE`."""
+    return rank >= SHARE_FROM_RANK
+
+
+def pick_next(heads: Sequence[Standing | None], *, held_by_lower: int, total_gpus: int, free_gpus: int) -> int | None:
+    """Which queue's head a free GPU takes: the index into `heads` (the best waiting job of each
+    queue, None where a queue is empty), or None if nothing waits. The first in the order,
+    unless the best-effort tiers hold less than their bounded share: then the best of them that
+    fits in the free GPUs (RT never gives way to the share)."""
+    present = [(order_key(s), i) for i, s in enumerate(heads) if s is not None]
+    if not present:
+        return None
+    best = min(present)[1]
+    first = heads[best]
+    assert first is not None
+    if first.rank == 0 or in_lower_share(first.rank) or held_by_lower >= lower_share_gpus(total_gpus):
+        return best
+    lower = [(key, i) for key, i in present if in_lower_share(key[1]) and heads[i].gpus <= free_gpus]  # type: ignore[union-attr]
+    return min(lower)[1] if lower else best
+
+
+def share_protects(running: Standing, *, for_rt: bool, held_by_lower: int, total_gpus: int) -> bool:
+    """Whether a best-effort job keeps its GPUs against a waiting job because taking them would
+    put the best-effort tiers below their bounded share. Only RT takes from the share: a share
+    that the next HP job could take back would be started and taken back forever."""
+    if for_rt or not in_lower_share(running.rank):
+        return False
+    return held_by_lower - running.gpus < lower_share_gpus(total_gpus)
+
+
+def may_backfill(head: Standing, candidate: Standing, *, head_gathering: bool) -> bool:
+    """Whether `candidate`, behind a head that does not fit in the free GPUs (a gang), may start
+    on them meanwhile: only if it would make way for the head (so the head is never starved by
+    what it let in), and not while GPUs are being freed for the head (they are the head's)."""
+    return not head_gathering and outranks(head, candidate)
+
+
+def share_weight(at_s: float, half_life_s: float = FAIR_SHARE_HALF_LIFE_S) -> float:
+    """What a GPU-second of service given at `at_s` counts in a user's share. A user's recent
+    service decays with a half-life (Slurm's fair-share decay); since every share decays by the
+    same factor, counting each gain as gain x 2 ** (t / half-life) instead keeps the order of
+    the shares at every moment, and a share read at one time compares with one read later (a
+    key stored in a queue does not go stale as time passes)."""
+    return 2.0 ** (at_s / half_life_s)
