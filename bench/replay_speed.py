@@ -2,7 +2,7 @@
 
 Usage (from the repository root):
 
-    .venv/bin/python bench/replay_speed.py [--jobs 100000] [--gpus 1000] [--load 0.9] [--quantum 600]
+    .venv/bin/python bench/replay_speed.py [--jobs 100000] [--gpus 1000] [--load 0.9]
 
 The trace is GENERATED, not real: jobs drawn (seeded) from the Alibaba OpenB pod list in
 ../shared/data/jobs (its tiers, GPU counts, run times and GPU shares, after the replay's own
@@ -59,7 +59,6 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--gpus", type=int, default=1_000)
     parser.add_argument("--load", type=float, default=0.9)
-    parser.add_argument("--quantum", type=float, default=600.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policy", default=",".join(POLICIES))
     args = parser.parse_args()
@@ -68,9 +67,9 @@ def main() -> None:
     trace = generated_trace(args.jobs, args.gpus, args.load, args.seed)
     print(
         f"{trace.name}: {len(trace.jobs)} jobs over {trace.jobs[-1].submit_s / 86400:.1f} days, "
-        f"{args.gpus} GPUs, quantum {args.quantum:g} s (made in {time.perf_counter() - t0:.1f} s)"
+        f"{args.gpus} GPUs (made in {time.perf_counter() - t0:.1f} s)"
     )
-    config = Config(gpus=args.gpus, quantum_s=args.quantum, seed=args.seed)
+    config = Config(gpus=args.gpus, seed=args.seed)
     runs = []
     for policy in args.policy.split(","):
         run = replay(trace, policy, config)

@@ -25,8 +25,9 @@ What runs live, and in the simulator (`plan.convert`):
 - **No deadlines.** Deadlines are dropped on both sides: a compressed deadline of a few seconds
   would test the SLO check's 10 s tick rather than the schedule. Tier start timeouts (RT: 1 s)
   still apply on both sides.
-- **Turns.** The simulator's quantum is one live slice (its rule max(quantum, S) gives S): live,
-  jobs of a tier really take turns slice by slice, not in the default 60 s quanta.
+- **Order.** The simulator orders jobs by `clockq.policy.ordering` (service levels, no turns
+  within a level). The live worker still takes turns within a tier, slice by slice, until it
+  claims by the same keys, so the two orders differ for jobs of one tier that wait together.
 
 Where the two usually differ, and why:
 

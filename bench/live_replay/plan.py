@@ -14,7 +14,6 @@ from clockq.replay.policies import replay
 DEFAULT_STEP_MS = 20.0
 DEFAULT_STATE_KB_CAP = 1024
 DEFAULT_GPU_UTIL = 0.9  # the synthetic workload's own default
-LIVE_QUANTUM_S = 1e-3  # below any live slice: the simulator's turns last one live slice S
 MAX_STEPS = 10_000_000  # the synthetic workload's limits (clockq/jobs/workload_params.py)
 MAX_STEP_MS = 60_000.0
 MAX_STATE_KB = 1_048_576
@@ -105,12 +104,11 @@ def convert(
         f"live mode: state = checkpoint_mb in KB, capped at {state_kb_cap} KB ({capped} job(s) capped); "
         "switches cost what the capped state costs, on both sides",
         "live mode: no deadlines on either side; tier start timeouts still apply",
-        "live mode: the simulator's turns last one live slice (quantum below any slice)",
     ]
     converted = replace(trace, jobs=jobs, mapping=mapping)
     return LivePlan(converted, bodies, compress, step_ms, state_kb_cap, multi, capped)
 
 
 def simulate(plan: LivePlan, config: Config) -> RunResult:
-    """clockq's policy replayed over the converted trace, with turns of one live slice."""
-    return replay(plan.trace, "clockq", replace(config, quantum_s=LIVE_QUANTUM_S, progress=None))
+    """clockq's policy replayed over the converted trace."""
+    return replay(plan.trace, "clockq", replace(config, progress=None))

@@ -24,6 +24,8 @@ from collections import deque
 from clockq.replay.engine import EPS, Config, Ev, Replay, SimJob, St, next_grid
 from clockq.replay.model import Trace
 
+_SERVICE_EPS = 1e-6  # GPU-seconds
+
 
 class FifoReplay(Replay):
     name = "fifo"
@@ -93,7 +95,9 @@ class LasReplay(Replay):
         self._check_scheduled = False
 
     def level_of(self, job: SimJob) -> int:
-        return bisect.bisect_right(self.thresholds, job.attained - job.level_base)
+        # A micro-GPU-second over: a job timed to reach a threshold can arrive a float hair
+        # short of it, and would be timed to reach it again at the same instant, forever.
+        return bisect.bisect_right(self.thresholds, job.attained - job.level_base + _SERVICE_EPS)
 
     # --- the queues ---------------------------------------------------------------------------
 
@@ -137,9 +141,6 @@ class LasReplay(Replay):
         """It crossed a threshold: one queue down, and maybe preempted by a waiting job."""
         self.account(job)
         del self.running_at[job.level][job.idx]
-        if self.level_of(job) == job.level:
-            # Float rounding left it a hair short of the threshold it was timed to reach.
-            job.attained = job.level_base + self.thresholds[job.level]
         job.level = self.level_of(job)
         self.running_at[job.level][job.idx] = job
         self._schedule_demotion(job)

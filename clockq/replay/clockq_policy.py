@@ -1,66 +1,58 @@
-"""clockq's policy, replayed: every decision comes from clockq/policy, the code the live workers
-and beat run.
+"""clockq's policy, replayed: every decision comes from clockq/policy. This module only keeps
+the structures that make those decisions fast on 100,000 jobs.
 
-- **Order.** Five queues drained in tier order, first in first out within a tier (Celery's
-  priority strategy over the tier queues). A job that yields goes to the back of its queue.
-- **Slices.** `plan_slice` gives the live slice length S from the tier, the job's utilisation (where
-  the trace tells it) and its switch cost C. At each boundary `decide_at_boundary` finishes,
-  continues or yields, as in workers/slice_runner.py.
-- **Trace scale.** Live slices last milliseconds and traces days, so:
-  - a job with nothing to make way for runs on with no events until it finishes, as the live
-    worker continues slice after slice without switching;
-  - when a job starts waiting in the same or a more urgent tier, each such running job gets a
-    boundary one live slice S later, as it would live, and pays one switch C if it yields;
-  - jobs that take turns do so in slices of `quantum` (at least S). Such a slice stands for
-    quantum / (S + C) live slices, so the job does S / (S + C) of a second's work per second:
-    the switching overhead of live time-sharing, without simulating every slice. As the quantum
-    shrinks, this converges to the live round robin (README, "Trace replay").
-- **RT preemption.** An RT job without free GPUs cuts short a running lower-tier job (the
-  live interrupt; which busy GPU takes it is random, as it is live), which yields after paying
-  its switch C: the RT job starts then.
-- **Starvation control.** The promotion tick and batch chances run on beat's schedule and call
-  `decide_round` and `batch_chance`. A promoted job runs one live slice in the higher tier and is
-  decided as a job of its own tier at that boundary, as the live worker returns it home.
+- **Order** (`ordering`). One heap per queue (a tier, as Celery has one queue per tier), keyed
+  by `ordering.order_key`: service level, tier, promoted or not, the user's recent share, first
+  submit time. A free GPU takes the head that `ordering.pick_next` names, which gives the
+  best-effort tiers their bounded share.
+- **Running.** A job runs until it finishes, crosses a rung of its tier's service ladder (its
+  level drops: an event here, a boundary live), or is displaced. Nothing takes turns: the order
+  changes only at rungs, arrivals and promotions, so there is no quantum to choose.
+- **Making way** (`ordering.pick_victim`, fed from heaps in `ordering.victim_key` order). When
+  the job a free GPU would take next does not fit, the victim the policy names leaves when
+  `ordering.leaves_at` says: once it has had its planned slice, or at once for RT and HP.
+- **Backfill** (`ordering.may_backfill`). Behind a gang that does not fit, jobs that would make
+  way for it use the free GPUs.
+- **Starvation control** (`promotion`). The promotion tick and batch chances run on beat's
+  schedule. A promoted job keeps its promotion until it has had the promoted tier's first rung
+  of service (`Ladder.promotion_service`), then goes home.
+- **Slices** (`slicing.plan_slice`) give the planned slice a victim finishes first.
 """
 
 from __future__ import annotations
 
-import random
-from collections import deque
-from enum import IntEnum
+import heapq
 
-from clockq.policy import promotion, slicing
-from clockq.replay.baselines import PriorityReplay
-from clockq.replay.engine import EPS, Config, Ev, SimJob, St, next_grid
+from clockq.policy import ordering, promotion, slicing
+from clockq.replay.engine import EPS, Config, Ev, Replay, SimJob, St, next_grid
 from clockq.replay.model import Trace
-
-
-class Mode(IntEnum):
-    ALONE = 0  # nothing to make way for: runs on, no events until it finishes
-    TAIL = 1  # someone started waiting: its current live slice ends, then it decides
-    TURNS = 2  # taking turns: a quantum at the time-sharing rate, then it decides
-    PROMOTED = 3  # one live slice in a more urgent tier, then home
-
 
 _PROMOTION_TICK = 1
 _BATCH_CHANCE = 2
+_SERVICE_EPS = 1e-6  # GPU-seconds
+BACKFILL_DEPTH = 16  # waiting jobs looked at per queue for one that fits beside a blocked gang
 
 
-class ClockqReplay(PriorityReplay):
-    """Plain priority's five queues (Celery's), plus slices, preemption and promotion."""
-
+class ClockqReplay(Replay):
     name = "clockq"
 
     def __init__(self, trace: Trace, config: Config):
         super().__init__(trace, config)
-        ranks = len(self.queues)
-        self.stale = [0] * ranks  # entries of jobs that left a queue other than by its head
-        self.waiting_by_rank = [0] * ranks  # what the worker reads from the broker
-        self.rt_demand = 0  # GPUs wanted by waiting jobs of rank 0
-        self.alone: list[dict[int, SimJob]] = [{} for _ in range(ranks)]
-        self.victims: list[SimJob] = []  # running jobs an RT job may cut short (rank > 0)
-        self.victim_pos: dict[int, int] = {}
-        self.rng = random.Random(config.seed)
+        ranks = max(self.tier_by_rank) + 1
+        self.ladder = ordering.Ladder(tiers=ranks)
+        self.heaps: list[list[tuple[ordering.Key, int, int]]] = [[] for _ in range(ranks)]
+        self.waiting_n = [0] * ranks
+        self.held_by_lower = 0  # GPUs held by jobs of the best-effort tiers (their share)
+        # Running jobs as victims: (victim key, idx, vseq), best victim on top; RT's by cost.
+        self.by_order: list[tuple[tuple, int, int]] = []
+        self.by_cost: list[tuple[tuple, int, int]] = []
+        self.making_way = 0  # GPUs of jobs told to yield at their next boundary
+        self._lower_leaving = 0  # ... of them, those in the best-effort tiers' share
+        self.yielding: set[int] = set()
+        self.user_share: dict[tuple[str, int], float] = {}  # (user, rank) -> weighted GPU-s
+        self._making = False
+        self.gathering_for: int | None = None  # the blocked head whose GPUs are being freed
+        self._head_rank = 0
         self.tick_s = config.promotion_tick_s
         self.chance_every_s = config.batch_chance_every_s
         self.rules = {t.code: promotion.TierRule(t.code, t.promote_after_rounds, t.promote_to) for t in self.tiers}
@@ -70,49 +62,80 @@ class ClockqReplay(PriorityReplay):
         self.slices_started = 0  # since the last promotion tick
         self.started_since_tick: set[int] = set()
 
-    # --- the five queues ----------------------------------------------------------------------
+    # --- what the order knows of a job ---------------------------------------------------------
+
+    def _service(self, job: SimJob) -> float:
+        """Service that sets its level: since its promotion while promoted, else all of it.
+        Plus a micro-GPU-second: a job whose boundary was planned at a rung can reach it
+        1e-12 short (float sums), and would plan the same boundary again at the same time."""
+        return job.attained - job.level_base + _SERVICE_EPS
+
+    def _share(self, job: SimJob) -> float:
+        return self.user_share.get((job.t.user, job.rank), 0.0)
+
+    def _standing(self, job: SimJob) -> ordering.Standing:
+        return ordering.Standing(
+            rank=job.rank,
+            level=self.ladder.level(job.rank, self._service(job)),
+            user_share_gpu_s=self._share(job),
+            submitted=job.t.submit_s,
+            job_id=job.idx,
+            promoted=job.rank != job.home_rank,
+            gpus=job.t.num_gpu,
+        )
+
+    def account(self, job: SimJob) -> None:
+        before = job.attained
+        super().account(job)
+        gained = job.attained - before
+        if gained > 0:
+            key = (job.t.user, job.rank)
+            self.user_share[key] = self._share(job) + gained * ordering.share_weight(self.now)
+
+    # --- the queues ---------------------------------------------------------------------------
 
     def enqueue(self, job: SimJob) -> None:
-        super().enqueue(job)
-        self._counted(job, +1)
+        heapq.heappush(self.heaps[job.rank], (ordering.order_key(self._standing(job)), job.idx, job.qseq))
+        self.waiting_n[job.rank] += 1
         if job.rank == job.home_rank:
             if job.rank in self.promotable:
                 self._keep_ticking(_PROMOTION_TICK, self.tick_s)
             if any(t.rank == job.rank for t in self.chance_tiers):
                 self._keep_ticking(_BATCH_CHANCE, self.chance_every_s)
 
-    def _counted(self, job: SimJob, delta: int) -> None:
-        self.waiting_by_rank[job.rank] += delta
-        if job.rank == 0:
-            self.rt_demand += delta * job.t.num_gpu
+    def _head_of(self, rank: int) -> SimJob | None:
+        heap = self.heaps[rank]
+        while heap:
+            _, idx, seq = heap[0]
+            job = self.jobs[idx]
+            if job.qseq == seq and job.state == St.WAITING and job.rank == rank:
+                return job
+            heapq.heappop(heap)
+        return None
 
-    def dropped_stale(self, rank: int) -> None:
-        self.stale[rank] = max(self.stale[rank] - 1, 0)
+    def head(self) -> SimJob | None:
+        heads = [self._head_of(rank) if self.waiting_n[rank] else None for rank in range(len(self.heaps))]
+        standings = [None if job is None else self._standing(job) for job in heads]
+        pick = ordering.pick_next(
+            standings, held_by_lower=self.held_by_lower, total_gpus=self.cfg.gpus, free_gpus=self.free
+        )
+        if pick is None:
+            return None
+        self._head_rank = pick
+        return heads[pick]
 
     def pop_head(self) -> SimJob:
-        job = super().pop_head()
-        self._counted(job, -1)
-        return job
+        _, idx, _ = heapq.heappop(self.heaps[self._head_rank])
+        self.waiting_n[self._head_rank] -= 1
+        return self.jobs[idx]
 
     def left_queue(self, job: SimJob) -> None:
-        self._counted(job, -1)
-        self._left_behind(job.rank)
-
-    def _left_behind(self, rank: int) -> None:
-        """A job left this queue from the middle (timed out, promoted): its entry stays until
-        it reaches the head. A starved queue's head never moves, so compact it now and then."""
-        self.stale[rank] += 1
-        queue = self.queues[rank]
-        if self.stale[rank] > 64 and self.stale[rank] * 2 > len(queue):
-            self.queues[rank] = deque((j, seq) for j, seq in queue if j.qseq == seq and j.state == St.WAITING)
-            self.stale[rank] = 0
+        self.waiting_n[job.rank] -= 1
 
     # --- running ------------------------------------------------------------------------------
 
     def began(self, job: SimJob) -> None:
         if job.slice_rank != job.rank:
-            # The live worker plans every slice; with a replayed job's utilisation and switch
-            # cost fixed, the plan only changes with the tier, so it is kept until then.
             tier = self.tier_by_rank[job.rank]
             plan = slicing.plan_slice(
                 base_ms=tier.base_slice_ms,
@@ -124,114 +147,160 @@ class ClockqReplay(PriorityReplay):
             )
             job.slice_s, job.slice_rank = plan.ms / 1000.0, job.rank
         job.skipped_rounds = 0  # starting a slice restarts its streak, as leaving the queue does live
+        if job.idx == self.gathering_for:
+            self.gathering_for = None
+        job.got_gpus_at = self.now
         self.slices_started += 1
         self.started_since_tick.add(job.idx)
-        if job.rank > 0:
-            self.victim_pos[job.idx] = len(self.victims)
-            self.victims.append(job)
+        job.mode = job.t.num_gpu if ordering.in_lower_share(job.rank) else 0  # its GPUs in the share
+        self.held_by_lower += job.mode
+        self._plan(job)
+        self._as_victim(job)
+
+    def _plan(self, job: SimJob) -> None:
+        """Its finish, or the boundary where its standing changes (a rung, its promotion's end)."""
+        job.version += 1
+        job.rate = 1.0
+        self.schedule(self.now + job.remaining, Ev.FINISH, job)
+        service = self._service(job)
         if job.rank != job.home_rank:
-            job.mode = Mode.PROMOTED
-            self._boundary_in(job, job.slice_s, rate=1.0)
+            change = self.ladder.promotion_service(job.rank)
         else:
-            self._next_slice(job)
+            change = self.ladder.next_rung(job.rank, service)
+        if change is not None:
+            # to the rung itself: `service` reads a micro-GPU-second high
+            to_go = max(change - service + _SERVICE_EPS, 0.0) / job.t.num_gpu
+            if to_go < job.remaining - EPS:
+                self.schedule(self.now + to_go, Ev.BOUNDARY, job)
 
-    def _next_slice(self, job: SimJob) -> None:
-        if slicing.waiting_ahead(job.rank, self.waiting_by_rank):
-            job.mode = Mode.TURNS
-            slice_s = max(self.cfg.quantum_s, job.slice_s)
-            self._boundary_in(job, slice_s, rate=job.slice_s / (job.slice_s + job.switch_s))
-        else:
-            job.mode = Mode.ALONE
-            self.alone[job.rank][job.idx] = job
-            self.run_alone(job)
-
-    def _boundary_in(self, job: SimJob, slice_s: float, rate: float) -> None:
-        job.rate = rate
-        job.version += 1  # any FINISH planned while it ran alone is void
-        self.schedule(self.now + min(slice_s, job.remaining / rate), Ev.BOUNDARY, job)
+    def _as_victim(self, job: SimJob) -> None:
+        job.vseq += 1
+        standing = self._standing(job)
+        entry = (job.idx, job.vseq)
+        heapq.heappush(self.by_order, (ordering.victim_key(standing, job.switch_s, for_rt=False), *entry))
+        if job.rank > 0:
+            heapq.heappush(self.by_cost, (ordering.victim_key(standing, job.switch_s, for_rt=True), *entry))
 
     def stopped(self, job: SimJob) -> None:
-        self.alone[job.rank].pop(job.idx, None)
-        pos = self.victim_pos.pop(job.idx, None)
-        if pos is not None:  # swap-remove, so a random victim stays O(1)
-            last = self.victims.pop()
-            if last is not job:
-                self.victims[pos] = last
-                self.victim_pos[last.idx] = pos
-
-    def work_done(self, job: SimJob) -> None:
-        self._decide(job, slicing.Boundary(done=True, job_rank=job.rank, waiting_by_rank=[]))
+        job.vseq += 1  # no longer a victim
+        if job.idx in self.yielding:
+            self.yielding.discard(job.idx)
+            self.making_way -= job.t.num_gpu
+            self._lower_leaving -= job.mode
+        self.held_by_lower -= job.mode
+        job.mode = 0
 
     def boundary(self, job: SimJob) -> None:
         self.account(job)
-        if job.rank != job.home_rank:
-            # The live worker returns a promoted job home at its first boundary, and decides
-            # as a job of its own tier from there.
-            job.rank = job.home_rank
-        done = job.remaining <= EPS
-        waiting = [] if done else self.waiting_by_rank
-        self._decide(job, slicing.Boundary(done=done, job_rank=job.rank, waiting_by_rank=waiting))
-
-    def deadline_while_running(self, job: SimJob) -> None:
-        waiting = self.waiting_by_rank
-        self._decide(job, slicing.Boundary(done=False, job_rank=job.rank, waiting_by_rank=waiting, past_deadline=True))
-
-    def _decide(self, job: SimJob, boundary: slicing.Boundary) -> None:
-        action = slicing.decide_at_boundary(boundary).action
-        if action == slicing.BoundaryAction.FINISH:
+        if job.remaining <= EPS:
             self.finish(job)
-        elif action == slicing.BoundaryAction.CONTINUE:
-            self.alone[job.rank].pop(job.idx, None)
-            self._next_slice(job)
-        elif action == slicing.BoundaryAction.YIELD:
-            # Taking turns already paid its switches in its rate; any other yield is one switch.
-            self.leave_gpus(job, cost_s=0.0 if job.mode == Mode.TURNS else job.switch_s)
-        elif action == slicing.BoundaryAction.TIME_OUT:
-            super().deadline_while_running(job)
-        else:  # HOLD: no operator in a replay
-            raise AssertionError(f"unexpected boundary action {action}")
-
-    def started_waiting(self, job: SimJob) -> None:
-        """A job waits: running jobs it should not wait behind make way for it."""
-        if job.rank == 0:
-            self._cut_short_for_rt()
             return
-        self._end_alone_runs(from_rank=job.rank)
+        if job.idx in self.yielding:  # it was told to make way: its slice is over
+            self.leave_gpus(job, cost_s=job.switch_s)
+            return
+        if job.rank != job.home_rank and self._service(job) >= self.ladder.promotion_service(job.rank) - EPS:
+            job.rank, job.level_base = job.home_rank, 0.0  # a fair amount of service had: home
+        self._plan(job)
+        self._as_victim(job)
+        self.dispatch()
 
-    def _end_alone_runs(self, from_rank: int) -> None:
-        """Every job running alone at this rank or a less urgent one reads the queue lengths at
-        its next live boundary, one slice from now."""
-        for rank in range(from_rank, len(self.alone)):
-            alone = self.alone[rank]
-            if not alone:
-                continue
-            for job in alone.values():
-                self.account(job)
-                job.mode = Mode.TAIL
-                self._boundary_in(job, job.slice_s, rate=1.0)
-            alone.clear()
+    # --- making way ---------------------------------------------------------------------------
 
-    def _cut_short_for_rt(self) -> None:
-        """The live RT interrupt: busy lower-tier GPUs end their slice at the next step, and one
-        per waiting RT job (the one that takes it from the counter) makes way."""
-        while self.free + self.freeing < self.rt_demand and self.victims:
-            victim = self.victims[self.rng.randrange(len(self.victims))]
-            self.account(victim)
-            decision = slicing.decide_at_boundary(
-                slicing.Boundary(
-                    done=victim.remaining <= EPS,
-                    job_rank=victim.rank,
-                    waiting_by_rank=self.waiting_by_rank,
-                    cut_short=True,
-                )
+    def dispatch(self) -> None:
+        super().dispatch()  # heads start while they fit
+        if not self._making:
+            self._making = True
+            try:
+                self._make_way()
+                self._backfill()
+            finally:
+                self._making = False
+
+    def _make_way(self) -> None:
+        """While the job a free GPU would take next does not fit, displace running jobs that it
+        comes before, as the policy chooses them; each leaves when `ordering.leaves_at` says."""
+        while (waiting := self.head()) is not None:
+            coming = self.free + self.freeing
+            if not ordering.interrupts(waiting.rank):  # an urgent job interrupts another instead
+                coming += self.making_way
+            if waiting.t.num_gpu <= coming:
+                return
+            victim = self._victim_for(self._standing(waiting))
+            if victim is None:
+                return
+            self.gathering_for = waiting.idx
+            at = ordering.leaves_at(
+                now=self.now,
+                got_gpus_at=victim.got_gpus_at,
+                slice_s=victim.slice_s,
+                interrupt=ordering.interrupts(waiting.rank),
             )
-            if decision.action == slicing.BoundaryAction.YIELD:
-                victim.mode = Mode.TAIL  # a single switch, not turns
-                self.leave_gpus(victim, cost_s=victim.switch_s)
-            else:
-                self._decide(victim, slicing.Boundary(done=True, job_rank=victim.rank, waiting_by_rank=[]))
-        if self.free + self.freeing < self.rt_demand:
-            self._end_alone_runs(from_rank=0)  # only RT jobs run: RT takes turns with RT
+            if at <= self.now:
+                self.account(victim)
+                if victim.remaining <= EPS:
+                    self.finish(victim)
+                else:
+                    self.leave_gpus(victim, cost_s=victim.switch_s)
+            else:  # it makes way once it has had its slice
+                self.yielding.add(victim.idx)
+                self.making_way += victim.t.num_gpu
+                self._lower_leaving += victim.mode
+                victim.version += 1
+                victim.vseq += 1
+                self.account(victim)
+                self.schedule(self.now + min(at - self.now, victim.remaining), Ev.BOUNDARY, victim)
+
+    def _backfill(self) -> None:
+        """The head does not fit (a gang): jobs behind it that `ordering.may_backfill` lets in
+        take the free GPUs. Looks a few deep into each queue, as a claim would."""
+        head = self.head()
+        if head is None or self.free <= 0 or head.t.num_gpu <= self.free:
+            return
+        gathering = self.gathering_for == head.idx and (self.making_way > 0 or self.freeing > 0)
+        if gathering:
+            return
+        first = self._standing(head)
+        for rank, heap in enumerate(self.heaps):
+            kept: list[tuple[ordering.Key, int, int]] = []
+            while heap and len(kept) < BACKFILL_DEPTH and self.free > 0:
+                entry = heapq.heappop(heap)
+                job = self.jobs[entry[1]]
+                if job.qseq != entry[2] or job.state != St.WAITING or job.rank != rank:
+                    continue  # stale
+                if (
+                    job is not head
+                    and job.t.num_gpu <= self.free
+                    and ordering.may_backfill(first, self._standing(job), head_gathering=False)
+                ):
+                    self.waiting_n[rank] -= 1
+                    self.waiting_count -= 1
+                    self._start(job)
+                else:
+                    kept.append(entry)
+            for entry in kept:
+                heapq.heappush(heap, entry)
+
+    def _victim_for(self, waiting: ordering.Standing) -> SimJob | None:
+        """The running job `ordering.pick_victim` names, fed lazily from the victim heap: the
+        entries it passes over go back, the one it names leaves the heap."""
+        heap = self.by_cost if waiting.rank == 0 else self.by_order
+        popped: list[tuple[tuple, int, int]] = []
+
+        def candidates():
+            while heap:
+                entry = heapq.heappop(heap)
+                job = self.jobs[entry[1]]
+                if job.vseq == entry[2] and job.state == St.RUNNING:
+                    popped.append(entry)
+                    yield self._standing(job)
+
+        pick = ordering.pick_victim(
+            waiting, candidates(), held_by_lower=self.held_by_lower - self._lower_leaving, total_gpus=self.cfg.gpus
+        )
+        found = None if pick is None else self.jobs[popped.pop(pick)[1]]
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return found
 
     # --- beat's periodic tasks ----------------------------------------------------------------
 
@@ -252,17 +321,19 @@ class ClockqReplay(PriorityReplay):
             self.schedule(self.now + every, Ev.TICK, tag=kind)
 
     def _waiting_at_home(self, rank: int) -> list[SimJob]:
-        return [
-            job
-            for job, seq in self.queues[rank]
-            if job.qseq == seq and job.state == St.WAITING and job.home_rank == rank
+        """Its waiting jobs, oldest first."""
+        jobs = [
+            self.jobs[idx]
+            for _, idx, seq in self.heaps[rank]
+            if self.jobs[idx].qseq == seq and self.jobs[idx].state == St.WAITING and self.jobs[idx].home_rank == rank
         ]
+        return sorted(jobs, key=lambda j: (j.waiting_since, j.idx))
 
     def _promotion_tick(self) -> bool:
         """clockq.promotion_tick: the round since the last tick, judged by decide_round."""
         facts = promotion.RoundFacts(
             started_at=self.now - self.tick_s,
-            # Jobs running alone start a live slice every S without an event here.
+            # Jobs running start a live slice every S without an event here.
             slices_started=self.slices_started + len(self.running),
             jobs_that_started=self.started_since_tick,
         )
@@ -298,15 +369,16 @@ class ClockqReplay(PriorityReplay):
         return more
 
     def _promote(self, job: SimJob, to_tier: str) -> None:
-        """It keeps its wait and goes to the back of the more urgent queue."""
-        self._counted(job, -1)
-        self._left_behind(job.rank)
+        """It keeps its wait and its first submit time, and waits in the more urgent queue with
+        the service it gets there counted afresh."""
+        self.waiting_n[job.rank] -= 1
         job.rank = self.tier_by_code[to_tier].rank
+        job.level_base = job.attained
         job.qseq += 1
         job.skipped_rounds = 0
         job.promotions += 1
-        self.queues[job.rank].append((job, job.qseq))
-        self._counted(job, +1)
+        self.enqueue(job)
         self.dispatch()
-        if job.state == St.WAITING:
-            self.started_waiting(job)
+
+
+__all__ = ["ClockqReplay", "Config"]

@@ -47,7 +47,6 @@ class SwitchCost:
 @dataclass(frozen=True)
 class Config:
     gpus: int
-    quantum_s: float = 60.0  # simulated length of a contended slice (see clockq_policy.py)
     switch_cost: SwitchCost = field(default_factory=SwitchCost)
     tiers: Sequence[TierSpec] = TIERS
     seed: int = 0
@@ -66,7 +65,7 @@ class Config:
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise ValueError("gpus must be at least 1")
-        for name in ("quantum_s", "promotion_tick_s", "batch_chance_every_s", "las_check_s"):
+        for name in ("promotion_tick_s", "batch_chance_every_s", "las_check_s"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
@@ -101,6 +100,7 @@ class SimJob:
         "attained",
         "finish",
         "first_start",
+        "got_gpus_at",
         "home_rank",
         "idx",
         "last_exec_s",
@@ -122,6 +122,7 @@ class SimJob:
         "t",
         "timed_out",
         "version",
+        "vseq",
         "waiting_since",
     )
 
@@ -136,12 +137,14 @@ class SimJob:
         self.run_since = 0.0
         self.rate = 1.0  # work per second of holding its GPUs (below 1 while time-sharing)
         self.version = 0  # bumped whenever its scheduled event is no longer valid
+        self.vseq = 0  # bumped whenever its entry among the running (as a victim) is no longer valid
         self.qseq = 0  # bumped at each enqueue; queue entries with an older one are stale
         self.waiting_since = 0.0
         self.first_start: float | None = None
         self.finish: float | None = None
         self.timed_out = False
         self.preemptions = self.promotions = self.skipped_rounds = 0
+        self.got_gpus_at = 0.0  # when it last got its GPUs (clockq: its minimum run)
         self.mode = 0  # policy-defined
         self.level = 0  # LAS queue
         self.attained = 0.0  # GPU-seconds of service (LAS)

@@ -18,6 +18,7 @@ class TraceJob:
     deadline_s: float | None  # absolute, in trace seconds; None: no deadline
     checkpoint_mb: float  # size of its state: what a switch costs follows from it
     avg_util: float | None = None  # GPU utilisation, if the trace tells it (slice planning)
+    user: str = ""  # who submitted it, if the trace tells it (fair share between users)
 
 
 @dataclass

@@ -107,6 +107,7 @@ class _Job:
     checkpoint_mb: float
     avg_util: float | None = None
     deadline_after_submit: float | None = None  # the trace's own deadline, if it gives one
+    user: str = ""  # who submitted it, where the format says (fair share between users)
     note: str | None = None  # a mapping remark worth counting (e.g. an unknown model)
 
 
@@ -199,6 +200,7 @@ def _make_csv(tier_codes: Sequence[str]) -> _Parse:
             tier,
             checkpoint_mb,
             deadline_after_submit=after,
+            user=row.text("user"),
         )
 
     return parse
@@ -209,6 +211,7 @@ CSV_MAPPING = [
     "a deadline given in the file is absolute trace time: its offset from submit_time is kept, "
     "divided by duration_scale; an empty deadline cell is derived like a missing one",
     "key = job_id, else name, else the line number; checkpoint_mb from its column, else the default",
+    "user from its column, if any (fair share between the users of a tier)",
 ]
 
 
@@ -370,6 +373,7 @@ def _trace_job(
         deadline_s=deadline_s,
         checkpoint_mb=job.checkpoint_mb,
         avg_util=job.avg_util,
+        user=job.user,
     )
 
 

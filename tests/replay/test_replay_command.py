@@ -28,7 +28,7 @@ def write(tmp_path: Path, text: str) -> str:
 
 
 def test_the_four_policies_side_by_side_on_a_real_trace():
-    out = replay(str(TIRESIAS), "--format", "tiresias", "--gpus", "16", "--quantum", "30s")
+    out = replay(str(TIRESIAS), "--format", "tiresias", "--gpus", "16")
     header = next(line for line in out.splitlines() if line.startswith("metric"))
     assert header.split() == ["metric", "fifo", "priority", "las", "clockq"]
     for row in ("mean wait", "p95 wait", "HP mean wait", "GPU utilisation", "timeout rate", "on-time rate", "mean JCT"):
@@ -74,7 +74,6 @@ def test_a_bad_trace_is_refused_naming_the_line_and_column(tmp_path, text, args,
     [
         (("--gpus", "0"), "--gpus"),
         (("--gpus", "2", "--policy", "fifo,sjf"), "unknown sjf"),
-        (("--gpus", "2", "--quantum", "0"), "must be a positive number"),
         (("--gpus", "2", "--time-scale", "-1"), "must be a positive number"),
         (("--gpus", "2", "--plot", "out.pdf"), ".html or .png"),
         (("--gpus", "2", "--switch-cost-factor", "nan"), "--switch-cost-factor: 'nan' must be a finite number"),

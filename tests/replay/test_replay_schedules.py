@@ -1,4 +1,4 @@
-"""The replay engine against schedules worked out by hand, and proof that it runs the live policy.
+"""The replay engine against schedules worked out by hand, and proof that it runs clockq/policy.
 
 The traces here are generated (written in the test), not real data.
 """
@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from clockq.policy import promotion, service_levels, slicing
+from clockq.policy import ordering, promotion, service_levels, slicing
+from clockq.policy.tiers import TIERS
 from clockq.replay.engine import Config, SwitchCost
 from clockq.replay.model import Trace, TraceJob
 from clockq.replay.policies import replay
@@ -37,7 +38,7 @@ FIVE = Trace(
 
 
 def run(policy: str, trace: Trace = FIVE, **config):
-    config = {"gpus": 1, "quantum_s": 10.0, "switch_cost": FREE, **config}
+    config = {"gpus": 1, "switch_cost": FREE, **config}
     result = replay(trace, policy, Config(**config))
     return result, {r.job.key: r for r in result.jobs}
 
@@ -78,27 +79,48 @@ def test_las_preempts_by_attained_service():
     assert times(jobs, "preemptions") == {"A": 1, "B": 0, "C": 1, "D": 0, "E": 0}
 
 
-def test_clockq_slices_preempts_for_rt_and_promotes_the_starved():
+def test_clockq_orders_by_service_and_tier_and_promotes_the_starved():
+    # Every job here stays on the first rung of its tier's service ladder (all are far below
+    # 300 GPU-s), so the order is the tier's; no switch costs, so a victim leaves at once.
+    #  0   A (BK) alone.
+    #  10  B (SP) comes before A: A makes way (it has had its 50 ms slice). B runs.
+    #  20  C (HP) interrupts B (HP and RT do not wait for a slice to end). C runs.
+    #  32  D (RT) interrupts C; D runs 32-42.
+    #  42  C (HP, 23 s left) comes first again, runs 42-65.
+    #  B waits in SP through three promotion rounds in which other jobs ran, and goes up to HP,
+    #  where it waits behind C, which is HP's own (a promoted job never displaces one).
+    #  65  B (promoted, 10 s left) runs to 75.
+    #  75  A and E (BK, both on level 0): A was submitted first and keeps its place. No turns:
+    #      A runs to its end at 165, then E to 215.
     result, jobs = run("clockq")
-    # No switch cost, no utilisation known: the live slice S is the tier's base, 50 ms.
-    #  0     A (BK) alone: it runs on without switching.
-    #  10    B (SP) waits; A reads the queue at its next live boundary, 10.05, and yields. B runs alone.
-    #  20    C (HP) waits; B yields at 20.05. C runs alone.
-    #  32    D (RT) cuts C short at once (no switch cost): D runs 32-42.
-    #  42    C (HP, 23.05 s left) is next and runs alone.
-    #  40-60 B waits in SP through the rounds ending at 40, 50 and 60 (each tick saw a slice
-    #        start or a running job): skipped 3 times, the 60 s tick promotes it to HP.
-    #  60.05 C reads the queue and yields to B; B runs one live slice in HP and goes home at
-    #        60.10, where C (HP) waiting ahead of it makes it yield. C finishes at 65.10.
-    #  65.10 B (9.95 s left) runs alone to 75.05.
-    #  75.05 A and E (BK) take turns in 10 s quanta: E finishes at 175.05, A at 215.
     assert result.start_order == ["A", "B", "C", "D", "E"]
-    assert times(jobs, "first_start_s") == pytest.approx({"A": 0, "B": 10.05, "C": 20.05, "D": 32, "E": 85.05})
-    assert times(jobs, "finish_s") == pytest.approx({"A": 215, "B": 75.05, "C": 65.10, "D": 42, "E": 175.05})
+    assert times(jobs, "first_start_s") == pytest.approx({"A": 0, "B": 10, "C": 20, "D": 32, "E": 165})
+    assert times(jobs, "finish_s") == pytest.approx({"A": 165, "B": 75, "C": 65, "D": 42, "E": 215})
     assert times(jobs, "promotions") == {"A": 0, "B": 1, "C": 0, "D": 0, "E": 0}
-    assert times(jobs, "preemptions") == {"A": 6, "B": 2, "C": 2, "D": 0, "E": 4}
+    assert times(jobs, "preemptions") == {"A": 1, "B": 1, "C": 1, "D": 0, "E": 0}
     assert not any(r.timed_out for r in result.jobs)
     assert result.busy_gpu_s == pytest.approx(215)
+
+
+def test_a_long_job_sinks_a_level_and_is_passed_once_not_in_turns():
+    # Two BK jobs of 1,000 s with 100 MB of state on one GPU (BK: no promotion to stir the
+    # order). A runs first; once it has had the first rung of BK's ladder, B (on level 0)
+    # comes before it and A makes way, paying its switch. B then sinks to A's level too, but
+    # within a level nobody is displaced: B runs to its end and A resumes. One switch in all,
+    # where taking turns would switch every slice.
+    heavy = [replace(job(k, 0, 1000, "BK"), checkpoint_mb=100.0) for k in "AB"]
+    result, jobs = run("clockq", Trace("pair", heavy), switch_cost=SwitchCost())
+    rung = ordering.DEFAULT_LADDER.rungs(ordering_rank("BK"))[0]
+    switch = 0.0095 + 0.0012 * 100
+    assert times(jobs, "preemptions") == {"A": 1, "B": 0}
+    assert jobs["B"].first_start_s == pytest.approx(rung + switch)
+    assert jobs["B"].finish_s == pytest.approx(rung + switch + 1000)
+    assert jobs["A"].finish_s == pytest.approx(2000 + switch)
+    assert result.switch_gpu_s == pytest.approx(switch)
+
+
+def ordering_rank(code: str) -> int:
+    return next(t.rank for t in TIERS if t.code == code)
 
 
 def test_clockq_pays_the_switch_cost_of_the_job_that_makes_way():
@@ -113,18 +135,28 @@ def test_clockq_pays_the_switch_cost_of_the_job_that_makes_way():
 
 
 def test_a_gang_holds_all_its_gpus_and_gives_them_back_together():
-    # 2 GPUs. X needs both; Y (HP, one GPU) makes X yield at its next live boundary (1.05).
-    # X then waits for two free GPUs: the second GPU stays idle while Y runs (strict order, no
-    # backfill), and X resumes on both at 6.05 with 8.95 s of work left.
+    # 2 GPUs. X needs both; Y (HP, one GPU) interrupts it at 1. X then waits for two free
+    # GPUs: the second GPU stays idle while Y runs (nothing else waits to use it), and X
+    # resumes on both at 6 with 9 s of work left.
     trace = Trace("gang", [job("X", 0, 10, "BK", gpus=2), job("Y", 1, 5, "HP")])
     result, jobs = run("clockq", trace, gpus=2)
-    assert jobs["Y"].first_start_s == pytest.approx(1.05)
+    assert jobs["Y"].first_start_s == pytest.approx(1.0)
     assert jobs["X"].finish_s == pytest.approx(15.0)
     assert jobs["X"].preemptions == 1
     assert result.busy_gpu_s == pytest.approx(2 * 10 + 5)
-    # Someone waited from 1 to 6.05: Y for 0.05 s with both GPUs held, then X for 5 s with one.
-    assert result.waiting_s == pytest.approx(5.05)
-    assert result.held_while_waiting_gpu_s == pytest.approx(0.05 * 2 + 5 * 1)
+    # X waited from 1 to 6 with one GPU held.
+    assert result.waiting_s == pytest.approx(5.0)
+    assert result.held_while_waiting_gpu_s == pytest.approx(5 * 1)
+
+
+def test_jobs_behind_a_gang_that_does_not_fit_use_the_free_gpus_meanwhile():
+    # 2 GPUs. H (HP) holds one until 10; G (SP gang of 2) waits for both; S (BK, 4 s) comes
+    # after G in the order but fits in the free GPU, and would make way for G: it backfills at
+    # 2 and ends at 6, before H leaves. G starts at 10 on both GPUs.
+    trace = Trace("backfill", [job("H", 0, 10, "HP"), job("G", 1, 5, "SP", gpus=2), job("S", 2, 4, "BK")])
+    _, jobs = run("clockq", trace, gpus=2)
+    assert times(jobs, "first_start_s") == pytest.approx({"H": 0, "G": 10, "S": 2})
+    assert times(jobs, "finish_s") == pytest.approx({"H": 10, "G": 15, "S": 6})
 
 
 def test_a_job_past_its_deadline_times_out_under_every_policy():
@@ -135,25 +167,26 @@ def test_a_job_past_its_deadline_times_out_under_every_policy():
         assert jobs["B"].timed_out, policy
 
 
-def test_time_sharing_costs_what_the_live_overhead_rule_allows():
-    # Two SP jobs with 100 MB of state share one GPU. Switch C = 9.5 + 1.2 x 100 = 129.5 ms;
-    # the live planner stretches the slice so that switching stays within 5 %: S = C / 0.05 =
-    # 2.59 s; taking turns, each second of GPU holds S / (S + C) of work.
-    heavy = [replace(job(k, 0, 100, "SP"), checkpoint_mb=100.0) for k in "AB"]
-    result, _ = run("clockq", Trace("pair", heavy), switch_cost=SwitchCost())
-    c, s = 0.1295, 2.59
-    assert result.switch_gpu_s / (result.busy_gpu_s + result.switch_gpu_s) == pytest.approx(c / (s + c), rel=0.05)
+# --- the replay runs clockq/policy -------------------------------------------------------------
 
-
-# --- the replay runs the live policy ---------------------------------------------------------
-
-LIVE_POLICY = [
+# The functions the live system runs too ...
+SHARED_WITH_LIVE = [
     (slicing, "plan_slice"),
-    (slicing, "decide_at_boundary"),
-    (slicing, "waiting_ahead"),
     (promotion, "decide_round"),
     (promotion, "batch_chance"),
     (service_levels, "judge_wait"),
+]
+# ... and the order, which the replay runs and the live worker's claim does not call yet (it
+# still takes turns within a tier: slicing.decide_at_boundary and waiting_ahead).
+ORDER = [
+    (ordering, "order_key"),
+    (ordering, "pick_next"),
+    (ordering, "pick_victim"),
+    (ordering, "leaves_at"),
+    (ordering, "interrupts"),
+    (ordering, "victim_key"),
+    (ordering, "may_backfill"),
+    (ordering, "share_weight"),
 ]
 
 
@@ -172,7 +205,7 @@ def test_the_workers_and_beat_call_the_same_policy_functions():
 
 def test_the_replay_calls_those_functions(monkeypatch):
     calls: Counter[str] = Counter()
-    for module, name in LIVE_POLICY:
+    for module, name in SHARED_WITH_LIVE + ORDER:
         original = getattr(module, name)
 
         def spy(*args, _original=original, _name=name, **kwargs):
@@ -180,25 +213,18 @@ def test_the_replay_calls_those_functions(monkeypatch):
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(module, name, spy)
-    trace = Trace("mix", [*FIVE.jobs, job("P", 41, 30, "BP")])
-    run("clockq", trace, batch_chance_every_s=60.0)
-    assert set(calls) == {name for _, name in LIVE_POLICY}, calls
+    # FIVE, a BP job for the batch chance, and a gang on a second GPU for the backfill.
+    trace = Trace("mix", [*FIVE.jobs, job("P", 41, 30, "BP"), job("G", 45, 5, "SP", gpus=2), job("S", 46, 1, "BK")])
+    run("clockq", trace, gpus=2, batch_chance_every_s=60.0)
+    assert set(calls) == {name for _, name in SHARED_WITH_LIVE + ORDER}, calls
 
 
 def test_changing_the_policy_changes_the_replay(monkeypatch):
-    # A policy that never yields (only finishes or continues) turns clockq into run-to-completion
-    # apart from RT preemption: the replay follows whatever clockq/policy decides.
+    # A policy under which nobody makes way turns clockq into run-to-completion: the replay
+    # follows whatever clockq/policy decides. D (RT) then times out waiting behind A.
     before, _ = run("clockq")
-
-    def never_yield(b: slicing.Boundary) -> slicing.Decision:
-        if b.done:
-            return slicing.Decision(slicing.BoundaryAction.FINISH, "done")
-        if b.cut_short:
-            return slicing.Decision(slicing.BoundaryAction.YIELD, "rt")
-        return slicing.Decision(slicing.BoundaryAction.CONTINUE, "never yields")
-
-    monkeypatch.setattr(slicing, "decide_at_boundary", never_yield)
+    monkeypatch.setattr(ordering, "may_displace", lambda waiting, running: False)
     after, jobs = run("clockq")
     assert after.start_order != before.start_order
-    # Only D's RT interrupt moves anyone: A, running when D arrives, makes way once.
-    assert times(jobs, "preemptions") == {"A": 1, "B": 0, "C": 0, "D": 0, "E": 0}
+    assert times(jobs, "preemptions") == {"A": 0, "B": 0, "C": 0, "D": 0, "E": 0}
+    assert jobs["D"].timed_out

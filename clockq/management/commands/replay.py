@@ -64,7 +64,6 @@ class Command(BaseCommand):
             default="1",
             help="divide arrival times by this (more load); run times are kept (default 1)",
         )
-        parser.add_argument("--quantum", default="60s", help="simulated length of a contended slice (default 60s)")
         parser.add_argument("--until", default=None, help="replay only jobs submitted before this trace time")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--slack", default="2", help="derived deadline: wait target + run time x slack")
@@ -99,7 +98,6 @@ class Command(BaseCommand):
                 raise ValueError("--plot must name an .html or .png file")
             config = Config(
                 gpus=o["gpus"],
-                quantum_s=_option("quantum", _seconds, o["quantum"]),
                 switch_cost=SwitchCost(
                     fixed_ms=_option("switch-cost-ms", _number, o["switch_cost_ms"]),
                     per_mb_ms=_option("switch-cost-ms-per-mb", _number, o["switch_cost_ms_per_mb"]),
@@ -150,7 +148,6 @@ def _describe(trace, o) -> dict:
         "mapping": trace.mapping,
         "gpus": o["gpus"],
         "time_scale": o["time_scale"],
-        "quantum": o["quantum"],
         "slack": o["slack"],
         "switch_cost_factor": o["switch_cost_factor"],
         "seed": o["seed"],
@@ -160,7 +157,7 @@ def _describe(trace, o) -> dict:
 def _header(trace, o) -> str:
     lines = [
         f"{trace.name}: {len(trace.jobs)} jobs on {o['gpus']} GPUs, arrivals x{o['time_scale']}, "
-        f"quantum {o['quantum']}, slack {o['slack']}, switch cost x{o['switch_cost_factor']}, seed {o['seed']}"
+        f"slack {o['slack']}, switch cost x{o['switch_cost_factor']}, seed {o['seed']}"
     ]
     lines += [f"  skipped {n}: {reason}" for reason, n in trace.skipped.items()]
     lines += [f"  {line}" for line in trace.mapping]
