@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 10's benchmark: both shared job traces under fifo, priority, las and clockq, the goals
-# judged in the same run, then the simulator's speed on 100,000 generated jobs and 1,000 GPUs.
-# About two minutes on a 2-core machine. Usage: bench/replay_kpis.sh [--markdown]
+# The replay benchmark: the shared job traces and a generated heavy-tailed one under fifo,
+# priority, las and clockq, clockq's goals judged against the baselines of the same run, then
+# the simulator's speed on 100,000 generated jobs and 1,000 GPUs.
+# Usage: bench/replay_kpis.sh [--markdown] [--seed N] [--quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python

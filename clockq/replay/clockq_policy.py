@@ -44,8 +44,8 @@ class ClockqReplay(Replay):
         self.waiting_n = [0] * ranks
         self.held_by_lower = 0  # GPUs held by jobs of the best-effort tiers (their share)
         # Running jobs as victims: (victim key, idx, vseq), best victim on top; RT's by cost.
-        self.by_order: list[tuple[tuple, int, int]] = []
-        self.by_cost: list[tuple[tuple, int, int]] = []
+        self.by_order: list[tuple[tuple, int, int, ordering.Standing]] = []
+        self.by_cost: list[tuple[tuple, int, int, ordering.Standing]] = []
         self.making_way = 0  # GPUs of jobs told to yield at their next boundary
         self._lower_leaving = 0  # ... of them, those in the best-effort tiers' share
         self.yielding: set[int] = set()
@@ -53,6 +53,11 @@ class ClockqReplay(Replay):
         self._making = False
         self.gathering_for: int | None = None  # the blocked head whose GPUs are being freed
         self._head_rank = 0
+        # head() is asked several times per event; it changes only with the queues (counted
+        # here), the free GPUs and the best-effort tiers' holding.
+        self._queue_changes = 0
+        self._head_memo: tuple[tuple[int, int, int], int, SimJob | None] | None = None
+        self._backfill_found_nothing: tuple[int, int, int] | None = None
         self.tick_s = config.promotion_tick_s
         self.chance_every_s = config.batch_chance_every_s
         self.rules = {t.code: promotion.TierRule(t.code, t.promote_after_rounds, t.promote_to) for t in self.tiers}
@@ -95,7 +100,11 @@ class ClockqReplay(Replay):
     # --- the queues ---------------------------------------------------------------------------
 
     def enqueue(self, job: SimJob) -> None:
-        heapq.heappush(self.heaps[job.rank], (ordering.order_key(self._standing(job)), job.idx, job.qseq))
+        # Kept while it waits: nothing the order compares between waiting and other jobs
+        # (level, tier, promoted; the share only within the heap) changes until it runs again.
+        job.standing = self._standing(job)
+        self._queue_changes += 1
+        heapq.heappush(self.heaps[job.rank], (ordering.order_key(job.standing), job.idx, job.qseq))
         self.waiting_n[job.rank] += 1
         if job.rank == job.home_rank:
             if job.rank in self.promotable:
@@ -114,8 +123,17 @@ class ClockqReplay(Replay):
         return None
 
     def head(self) -> SimJob | None:
+        memo_key = (self._queue_changes, self.free, self.held_by_lower)
+        if self._head_memo is not None and self._head_memo[0] == memo_key:
+            self._head_rank = self._head_memo[1]
+            return self._head_memo[2]
+        job = self._pick_head()
+        self._head_memo = (memo_key, self._head_rank, job)
+        return job
+
+    def _pick_head(self) -> SimJob | None:
         heads = [self._head_of(rank) if self.waiting_n[rank] else None for rank in range(len(self.heaps))]
-        standings = [None if job is None else self._standing(job) for job in heads]
+        standings = [None if job is None else job.standing for job in heads]
         pick = ordering.pick_next(
             standings, held_by_lower=self.held_by_lower, total_gpus=self.cfg.gpus, free_gpus=self.free
         )
@@ -127,10 +145,12 @@ class ClockqReplay(Replay):
     def pop_head(self) -> SimJob:
         _, idx, _ = heapq.heappop(self.heaps[self._head_rank])
         self.waiting_n[self._head_rank] -= 1
+        self._queue_changes += 1
         return self.jobs[idx]
 
     def left_queue(self, job: SimJob) -> None:
         self.waiting_n[job.rank] -= 1
+        self._queue_changes += 1
 
     # --- running ------------------------------------------------------------------------------
 
@@ -174,12 +194,17 @@ class ClockqReplay(Replay):
                 self.schedule(self.now + to_go, Ev.BOUNDARY, job)
 
     def _as_victim(self, job: SimJob) -> None:
+        """Enter it among the victims, with its standing: what a victim is judged by (level,
+        tier, promoted, GPUs) changes only at a boundary, which enters it again."""
         job.vseq += 1
         standing = self._standing(job)
-        entry = (job.idx, job.vseq)
-        heapq.heappush(self.by_order, (ordering.victim_key(standing, job.switch_s, for_rt=False), *entry))
+        heapq.heappush(
+            self.by_order, (ordering.victim_key(standing, job.switch_s, for_rt=False), job.idx, job.vseq, standing)
+        )
         if job.rank > 0:
-            heapq.heappush(self.by_cost, (ordering.victim_key(standing, job.switch_s, for_rt=True), *entry))
+            heapq.heappush(
+                self.by_cost, (ordering.victim_key(standing, job.switch_s, for_rt=True), job.idx, job.vseq, standing)
+            )
 
     def stopped(self, job: SimJob) -> None:
         job.vseq += 1  # no longer a victim
@@ -225,7 +250,7 @@ class ClockqReplay(Replay):
                 coming += self.making_way
             if waiting.t.num_gpu <= coming:
                 return
-            victim = self._victim_for(self._standing(waiting))
+            victim = self._victim_for(waiting.standing)
             if victim is None:
                 return
             self.gathering_for = waiting.idx
@@ -259,7 +284,11 @@ class ClockqReplay(Replay):
         gathering = self.gathering_for == head.idx and (self.making_way > 0 or self.freeing > 0)
         if gathering:
             return
-        first = self._standing(head)
+        # The same queues and free GPUs as at a look that found nothing: nothing to find.
+        state = (self._queue_changes, self.free, self.held_by_lower)
+        if state == self._backfill_found_nothing:
+            return
+        first = head.standing
         for rank, heap in enumerate(self.heaps):
             kept: list[tuple[ordering.Key, int, int]] = []
             while heap and len(kept) < BACKFILL_DEPTH and self.free > 0:
@@ -270,35 +299,44 @@ class ClockqReplay(Replay):
                 if (
                     job is not head
                     and job.t.num_gpu <= self.free
-                    and ordering.may_backfill(first, self._standing(job), head_gathering=False)
+                    and ordering.may_backfill(first, job.standing, head_gathering=False)
                 ):
                     self.waiting_n[rank] -= 1
                     self.waiting_count -= 1
+                    self._queue_changes += 1
                     self._start(job)
                 else:
                     kept.append(entry)
             for entry in kept:
                 heapq.heappush(heap, entry)
+        if state == (self._queue_changes, self.free, self.held_by_lower):
+            self._backfill_found_nothing = state
 
     def _victim_for(self, waiting: ordering.Standing) -> SimJob | None:
-        """The running job `ordering.pick_victim` names, fed lazily from the victim heap: the
-        entries it passes over go back, the one it names leaves the heap."""
+        """The running job `ordering.pick_victim` names, fed lazily from the victim heap. The
+        walk mostly stops at the first candidate, so that one is looked at in place; only the
+        ones it passes over are taken out, and they go back."""
         heap = self.by_cost if waiting.rank == 0 else self.by_order
-        popped: list[tuple[tuple, int, int]] = []
+        passed: list[tuple[tuple, int, int, ordering.Standing]] = []
 
         def candidates():
             while heap:
-                entry = heapq.heappop(heap)
+                entry = heap[0]
                 job = self.jobs[entry[1]]
-                if job.vseq == entry[2] and job.state == St.RUNNING:
-                    popped.append(entry)
-                    yield self._standing(job)
+                if job.vseq != entry[2] or job.state != St.RUNNING:
+                    heapq.heappop(heap)  # stale
+                    continue
+                yield entry[3]
+                passed.append(heapq.heappop(heap))  # asked for the next one: this one is passed over
 
         pick = ordering.pick_victim(
             waiting, candidates(), held_by_lower=self.held_by_lower - self._lower_leaving, total_gpus=self.cfg.gpus
         )
-        found = None if pick is None else self.jobs[popped.pop(pick)[1]]
-        for entry in popped:
+        found = None
+        if pick is not None:  # the walk stopped at it: it is still on top
+            assert pick == len(passed)
+            found = self.jobs[heapq.heappop(heap)[1]]
+        for entry in passed:
             heapq.heappush(heap, entry)
         return found
 

@@ -117,6 +117,7 @@ class SimJob:
         "skipped_rounds",
         "slice_rank",
         "slice_s",
+        "standing",
         "state",
         "switch_s",
         "t",
@@ -146,6 +147,7 @@ class SimJob:
         self.preemptions = self.promotions = self.skipped_rounds = 0
         self.got_gpus_at = 0.0  # when it last got its GPUs (clockq: its minimum run)
         self.mode = 0  # policy-defined
+        self.standing: object = None  # policy-defined: clockq's standing while it waits
         self.level = 0  # LAS queue
         self.attained = 0.0  # GPU-seconds of service (LAS)
         self.level_base = 0.0  # attained service when it last (re)entered level 0 (LAS starvation)
