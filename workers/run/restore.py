@@ -110,7 +110,6 @@ class Restore:
             if restored.name
             else "no good checkpoint left, restarting from the beginning"
         )
-        self.note(f"checkpoint generation {generation_label(current)} unusable ({'; '.join(reasons)}); {fallback}")
         kept = files[files.index(restored.name) :] if restored.name else []
         with transaction.atomic():
             # Take the unusable ones off the job now, so the next claim does not wait for them too.
@@ -118,6 +117,10 @@ class Restore:
                 checkpoint_files=kept
             ):
                 raise LostOwnership("job changed under this worker")
+            # Noted with the change, not before it: a claim that lost the job meanwhile (its lease
+            # ran out during the wait for the writer) leaves the files to the next claim, which
+            # notes them once.
+            self.note(f"checkpoint generation {generation_label(current)} unusable ({'; '.join(reasons)}); {fallback}")
             # The steps of the slices that only the unusable ones held are run again: their rows
             # say so, or the job's slices would count those steps twice.
             Slice.objects.roll_back_to(self.job_id, restored.generation)
