@@ -9,7 +9,9 @@ OpenB pods), and a GENERATED heavy-tailed trace (bench/heavy_tail_trace.py) at o
 0.9 and 1.44, drawn afresh from `--seed`: a policy tuned to the shared files meets a trace it
 has not seen. For each: the four policies side by side, the same with every switch costing
 twice as much (not with --quick), and the goals, each judged against the baselines of the same
-run. The run ends with a table of every goal on every trace.
+run. Then clockq again with admission control on (clockq/replay/admission.py: the live
+control loop's rules on a persistence forecast), against clockq without it. The run ends with a
+table of every goal on every trace, and one of what admission control changed.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import heavy_tail_trace
 
+from clockq.policy import control
 from clockq.replay import report, traces
-from clockq.replay.engine import Config, SwitchCost
+from clockq.replay.config import Config, SwitchCost
 from clockq.replay.model import RunResult
 from clockq.replay.policies import POLICIES, replay
 
@@ -112,6 +115,20 @@ def _t(seconds: float | None) -> str:
     return f"{seconds * 1000:.0f} ms"
 
 
+def compare_admission(name: str, trace, config: Config, plain: dict, render) -> str:
+    """Replay clockq with admission control on, print it beside clockq without, and return
+    the row of the closing table: held jobs, closures, and with against without."""
+    run = replay(trace, "clockq", replace(config, admission=control.Thresholds()))
+    run.policy = "clockq + admission"
+    with_it = report.summarize(run)
+    print(f"\n### {name}: admission control ({run.held_jobs} jobs held, closed {run.admission_closures} times)\n")
+    print(render([plain, with_it]))
+    jct = f"{_t(with_it['jct_mean_s'])} vs {_t(plain['jct_mean_s'])}"
+    on_time = f"{with_it['on_time_rate']:.1%} vs {plain['on_time_rate']:.1%}"
+    wait = f"{_t(with_it['wait_mean_s'])} vs {_t(plain['wait_mean_s'])}"
+    return f"| {name} | {run.held_jobs:,} | {run.admission_closures:,} | {jct} | {on_time} | {wait} |"
+
+
 def cases(seed: int, folder: Path):
     for name, file, fmt, gpus in SHARED_CASES:
         yield name, traces.load(str(DATA / file), fmt), gpus
@@ -129,6 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     render = report.markdown if args.markdown else report.table
     verdicts: dict[str, dict[str, bool]] = {}
+    admission_rows: list[str] = []
     with tempfile.TemporaryDirectory() as folder:
         for name, trace, gpus in cases(args.seed, Path(folder)):
             config = Config(gpus=gpus)
@@ -143,6 +161,7 @@ def main() -> None:
                 print(f"- {goal}: {figure} -> {'met' if met else 'MISSED'}")
                 number = goal.split()[0]
                 verdicts[name][number] = verdicts[name].get(number, True) and met
+            admission_rows.append(compare_admission(name, trace, config, summaries["clockq"], render))
             if not args.quick:
                 doubled = replace(config, switch_cost=SwitchCost(factor=2.0))
                 print(f"\n### {name}, every switch costing twice as much\n")
@@ -153,6 +172,10 @@ def main() -> None:
     print("|---|" + "---|" * len(numbers))
     for name, v in verdicts.items():
         print(f"| {name} | " + " | ".join("met" if v.get(n, True) else "**missed**" for n in numbers) + " |")
+    print("\n## Admission control: clockq with it against clockq without it\n")
+    print("| trace | jobs held | closures | mean JCT | on-time | mean wait |")
+    print("|---|---:|---:|---|---|---|")
+    print("\n".join(admission_rows))
 
 
 if __name__ == "__main__":

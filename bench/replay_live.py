@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.live_replay import DEFAULT_STATE_KB_CAP, DEFAULT_STEP_MS, LiveError, render, run_live, token_from_env
 from clockq.replay import traces
-from clockq.replay.engine import Config, SwitchCost
+from clockq.replay.config import Config, SwitchCost
 from clockq.replay.model import TraceError
 
 

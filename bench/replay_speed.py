@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from clockq.replay import report, traces
-from clockq.replay.engine import Config
+from clockq.replay.config import Config
 from clockq.replay.model import Trace
 from clockq.replay.policies import POLICIES, replay
 

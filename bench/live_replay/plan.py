@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from clockq.replay.engine import Config
+from clockq.replay.config import Config
 from clockq.replay.model import RunResult, Trace
 from clockq.replay.policies import replay
 

@@ -11,7 +11,7 @@ from bench.live_replay.api import Client, LiveError, check_cluster
 from bench.live_replay.compare import compare
 from bench.live_replay.plan import DEFAULT_STATE_KB_CAP, DEFAULT_STEP_MS, convert, simulate
 from bench.live_replay.readback import TERMINAL, Progress, Submitted, fetch_kpis, live_job, submit_all, wait_for_all
-from clockq.replay.engine import Config
+from clockq.replay.config import Config
 from clockq.replay.model import Trace
 
 

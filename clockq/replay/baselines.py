@@ -21,7 +21,8 @@ import bisect
 import heapq
 from collections import deque
 
-from clockq.replay.engine import EPS, Config, Ev, Replay, SimJob, St, next_grid
+from clockq.replay.config import Config
+from clockq.replay.engine import EPS, Ev, Replay, SimJob, St, next_grid
 from clockq.replay.model import Trace
 
 _SERVICE_EPS = 1e-6  # GPU-seconds

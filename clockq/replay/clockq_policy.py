@@ -24,7 +24,8 @@ from __future__ import annotations
 import heapq
 
 from clockq.policy import ordering, promotion, slicing
-from clockq.replay.engine import EPS, Config, Ev, Replay, SimJob, St, next_grid
+from clockq.replay.config import Config
+from clockq.replay.engine import EPS, Ev, Replay, SimJob, St, next_grid
 from clockq.replay.model import Trace
 
 _PROMOTION_TICK = 1
@@ -303,6 +304,7 @@ class ClockqReplay(Replay):
                 ):
                     self.waiting_n[rank] -= 1
                     self.waiting_count -= 1
+                    self.waiting_gpus -= job.t.num_gpu
                     self._queue_changes += 1
                     self._start(job)
                 else:

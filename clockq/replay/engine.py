@@ -18,63 +18,14 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from enum import IntEnum
 
-from clockq.policy import promotion, service_levels
-from clockq.policy.tiers import TIERS, TierSpec
+from clockq.policy import service_levels
+from clockq.replay.admission import Admission
+from clockq.replay.config import Config
 from clockq.replay.model import JobResult, RunResult, Trace, TraceJob
 
 EPS = 1e-9  # seconds of work below which a job is done (float arithmetic)
-
-
-@dataclass(frozen=True)
-class SwitchCost:
-    """What one switch costs (checkpoint, requeue, claim, restore), by the job's state size.
-
-    The defaults are a line through `bench/switch_cost.py`'s medians on these machines (README,
-    "Slice switch cost"): 10.7 ms with 1 MB of state, 130 ms with 100 MB."""
-
-    fixed_ms: float = 9.5
-    per_mb_ms: float = 1.2
-    factor: float = 1.0  # 2.0 asks how the results move when switching costs twice as much
-
-    def ms(self, checkpoint_mb: float) -> float:
-        return (self.fixed_ms + self.per_mb_ms * checkpoint_mb) * self.factor
-
-
-@dataclass(frozen=True)
-class Config:
-    gpus: int
-    switch_cost: SwitchCost = field(default_factory=SwitchCost)
-    tiers: Sequence[TierSpec] = TIERS
-    seed: int = 0
-    overhead_budget: float = 0.05  # CLOCKQ_OVERHEAD_BUDGET
-    max_slice_ms: int = 5_000  # CLOCKQ_MAX_SLICE_MS
-    # beat's schedule for the promotion tick and the batch chances (clockq/jobs/periodic.py)
-    promotion_tick_s: float = promotion.PROMOTION_TICK_S
-    batch_chance_every_s: float = promotion.BATCH_CHANCE_EVERY_S
-    # LAS (Tiresias): queue thresholds in attained GPU-seconds, and its starvation knob.
-    las_thresholds_gpu_s: tuple[float, ...] = (600.0, 3_600.0, 21_600.0)
-    las_starve_knob: float = 8.0
-    las_check_s: float = 10.0
-    progress: Callable[[dict], None] | None = None
-    progress_every_s: float = 2.0  # wall seconds between progress reports
-
-    def __post_init__(self) -> None:
-        if self.gpus < 1:
-            raise ValueError("gpus must be at least 1")
-        for name in ("promotion_tick_s", "batch_chance_every_s", "las_check_s"):
-            value = getattr(self, name)
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
-        if self.las_starve_knob < 0:
-            raise ValueError("the LAS starvation knob cannot be negative")
-        if list(self.las_thresholds_gpu_s) != sorted(self.las_thresholds_gpu_s) or any(
-            t <= 0 for t in self.las_thresholds_gpu_s
-        ):
-            raise ValueError("LAS thresholds must be positive and increasing")
 
 
 class St(IntEnum):
@@ -82,6 +33,7 @@ class St(IntEnum):
     WAITING = 1
     RUNNING = 2
     DONE = 3
+    HELD = 4  # arrived while admission was closed: not queued yet
 
 
 class Ev(IntEnum):
@@ -91,6 +43,7 @@ class Ev(IntEnum):
     DEADLINE = 3
     START_TIMEOUT = 4
     TICK = 5  # a periodic task of the policy (promotion tick, batch chance, LAS check)
+    FORECAST = 6  # admission control's load sample and forecast
 
 
 class SimJob:
@@ -182,6 +135,12 @@ class Replay:
         self.events = 0
         self.done = 0
         self.waiting_count = 0
+        self.waiting_gpus = 0  # the GPUs waiting jobs ask for (the load index's demand)
+        self.admission: Admission[SimJob] | None = (
+            Admission(config.admission, config.forecast_every_s) if config.admission is not None else None
+        )
+        self._arrivals_left = len(self.jobs)
+        self._forecasting = False
 
     # --- what a policy implements ------------------------------------------------------------
 
@@ -234,6 +193,7 @@ class Replay:
             if next_arrival < len(arrivals) and (not heap or arrivals[next_arrival].t.submit_s <= heap[0][0]):
                 job = arrivals[next_arrival]
                 next_arrival += 1
+                self._arrivals_left -= 1
                 self._advance(job.t.submit_s)
                 self.events += 1
                 self._arrive(job)
@@ -268,6 +228,9 @@ class Replay:
         if kind == Ev.TICK:
             self.tick(version)
             return
+        if kind == Ev.FORECAST:
+            self._forecast()
+            return
         assert job is not None
         if kind == Ev.DEADLINE:
             self._deadline(job)
@@ -287,7 +250,26 @@ class Replay:
             self.schedule(max(job.t.deadline_s, self.now), Ev.DEADLINE, job)
         if tier.start_timeout_ms is not None:
             self.schedule(self.now + tier.start_timeout_ms / 1000.0, Ev.START_TIMEOUT, job)
+        if self.admission is not None:
+            if not self._forecasting:  # the first arrival starts the loop, on beat's grid
+                self._forecasting = True
+                self.schedule(next_grid(self.now, self.admission.every_s), Ev.FORECAST)
+            if not self.admission.admits(tier.code):
+                job.state = St.HELD
+                self.admission.hold(job)
+                return
         self.wait(job)
+
+    def _forecast(self) -> None:
+        """Admission control's minute: sample, decide, queue what it releases; again while
+        jobs may still arrive or are held."""
+        assert self.admission is not None
+        busy = self.cfg.gpus - self.free - self.freeing
+        for job in self.admission.decide(self.now, busy_gpus=busy, waiting_gpus=self.waiting_gpus, gpus=self.cfg.gpus):
+            if job.state == St.HELD:  # not timed out meanwhile
+                self.wait(job)
+        if self._arrivals_left or self.admission.held:
+            self.schedule(self.now + self.admission.every_s, Ev.FORECAST)
 
     def wait(self, job: SimJob, *, keep_since: bool = False) -> None:
         """Into the queue (a new job, or one that yielded its GPUs)."""
@@ -296,6 +278,7 @@ class Replay:
         if not keep_since:
             job.waiting_since = self.now
         self.waiting_count += 1
+        self.waiting_gpus += job.t.num_gpu
         self.enqueue(job)
         self.dispatch()
         if job.state == St.WAITING:
@@ -309,6 +292,7 @@ class Replay:
                 return
             self.pop_head()
             self.waiting_count -= 1
+            self.waiting_gpus -= job.t.num_gpu
             self._start(job)
 
     def _start(self, job: SimJob) -> None:
@@ -382,8 +366,11 @@ class Replay:
     # --- job-level rules, the same under every policy ----------------------------------------
 
     def _deadline(self, job: SimJob) -> None:
-        if job.state == St.WAITING:
+        if job.state == St.HELD:
+            self._time_out(job)  # it stays in the held list, which skips it
+        elif job.state == St.WAITING:
             self.waiting_count -= 1
+            self.waiting_gpus -= job.t.num_gpu
             self.left_queue(job)
             self._time_out(job)
         elif job.state == St.RUNNING:
@@ -409,6 +396,7 @@ class Replay:
         )
         if verdict == service_levels.WaitVerdict.TIMED_OUT:
             self.waiting_count -= 1
+            self.waiting_gpus -= job.t.num_gpu
             self.left_queue(job)
             self._time_out(job)
 
@@ -456,6 +444,8 @@ class Replay:
             switch_gpu_s=self.switch_gpu_s,
             waiting_s=self.waiting_s,
             held_while_waiting_gpu_s=self.held_while_waiting_gpu_s,
+            held_jobs=self.admission.stats.held_jobs if self.admission else 0,
+            admission_closures=self.admission.stats.closures if self.admission else 0,
             start_order=self.start_order,
             events=self.events,
             wall_s=wall,

@@ -77,3 +77,6 @@ class RunResult:
     wall_s: float = 0.0
     waiting_s: float = 0.0  # time during which at least one job waited
     held_while_waiting_gpu_s: float = 0.0  # GPU-seconds held by jobs during that time
+    # Admission control (clockq/replay/admission.py), when it was on
+    held_jobs: int = 0  # jobs held on arrival while admission was closed
+    admission_closures: int = 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from clockq.replay.baselines import FifoReplay, LasReplay, PriorityReplay
 from clockq.replay.clockq_policy import ClockqReplay
-from clockq.replay.engine import Config, Replay
+from clockq.replay.config import Config
+from clockq.replay.engine import Replay
 from clockq.replay.model import RunResult, Trace
 
 POLICIES: dict[str, type[Replay]] = {

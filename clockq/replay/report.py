@@ -163,6 +163,8 @@ def summarize(run: RunResult, tiers: Sequence[TierSpec] = TIERS) -> dict[str, An
         "switch_gpu_s": run.switch_gpu_s,
         "preemptions": sum(r.preemptions for r in jobs),
         "promotions": sum(r.promotions for r in jobs),
+        "held_jobs": run.held_jobs,
+        "admission_closures": run.admission_closures,
         "events": run.events,
         "events_per_s": _ratio(run.events, run.wall_s),
         "wall_s": run.wall_s,
@@ -238,6 +240,11 @@ def _rows(summaries: Sequence[dict[str, Any]]) -> list[Row]:
         ("preemptions", lambda s: human_n(s["preemptions"])),
         ("promotions", lambda s: human_n(s["promotions"])),
     ]
+    if any(s.get("admission_closures") for s in summaries):  # only where admission control closed
+        rows += [
+            ("jobs held by admission", lambda s: human_n(s.get("held_jobs", 0))),
+            ("admission closures", lambda s: human_n(s.get("admission_closures", 0))),
+        ]
     return rows
 
 

@@ -34,7 +34,7 @@ import pytest
 from bench import live_replay as live
 from clockq.jobs import workloads
 from clockq.replay import traces
-from clockq.replay.engine import Config
+from clockq.replay.config import Config
 from clockq.replay.model import JobResult, RunResult, Trace, TraceJob
 
 FIXTURE = Path(__file__).resolve().parent.parent / "replay" / "fixtures" / "live_small.csv"

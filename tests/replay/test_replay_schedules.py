@@ -12,7 +12,7 @@ import pytest
 
 from clockq.policy import ordering, promotion, service_levels, slicing
 from clockq.policy.tiers import TIERS
-from clockq.replay.engine import Config, SwitchCost
+from clockq.replay.config import Config, SwitchCost
 from clockq.replay.model import Trace, TraceJob
 from clockq.replay.policies import replay
 

@@ -11,8 +11,9 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from clockq.policy import control
 from clockq.replay import report, traces
-from clockq.replay.engine import Config, SwitchCost
+from clockq.replay.config import Config, SwitchCost
 from clockq.replay.model import TraceError
 from clockq.replay.policies import POLICIES, replay
 
@@ -71,6 +72,12 @@ class Command(BaseCommand):
         parser.add_argument("--switch-cost-ms", default="9.5", help="fixed part of a switch, ms")
         parser.add_argument("--switch-cost-ms-per-mb", default="1.2", help="per MB of state, ms")
         parser.add_argument("--switch-cost-factor", default="1", help="multiply every switch cost (2: twice)")
+        parser.add_argument(
+            "--admission",
+            action="store_true",
+            help="replay with admission control: the live rules (close above 85%%, reopen below 75%%) on a "
+            "persistence forecast of the load index, every 60 s",
+        )
         parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
         parser.add_argument("--plot", default=None, help="wait CDFs per policy and tier: out.html or out.png")
         parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -104,6 +111,7 @@ class Command(BaseCommand):
                     factor=_option("switch-cost-factor", _positive, o["switch_cost_factor"]),
                 ),
                 seed=o["seed"],
+                admission=control.Thresholds() if o["admission"] else None,
                 progress=None if o["quiet"] else self._progress,
             )
             trace = traces.load(
