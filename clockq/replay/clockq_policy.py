@@ -184,6 +184,7 @@ class ClockqReplay(Replay):
         job.rate = 1.0
         self.schedule(self.now + job.remaining, Ev.FINISH, job)
         service = self._service(job)
+        change: float | None
         if job.rank != job.home_rank:
             change = self.ladder.promotion_service(job.rank)
         else:

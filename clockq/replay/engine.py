@@ -19,6 +19,7 @@ import itertools
 import math
 import time
 from enum import IntEnum
+from typing import Any
 
 from clockq.policy import service_levels
 from clockq.replay.admission import Admission
@@ -100,7 +101,7 @@ class SimJob:
         self.preemptions = self.promotions = self.skipped_rounds = 0
         self.got_gpus_at = 0.0  # when it last got its GPUs (clockq: its minimum run)
         self.mode = 0  # policy-defined
-        self.standing: object = None  # policy-defined: clockq's standing while it waits
+        self.standing: Any = None  # policy-defined: clockq's standing while it waits
         self.level = 0  # LAS queue
         self.attained = 0.0  # GPU-seconds of service (LAS)
         self.level_base = 0.0  # attained service when it last (re)entered level 0 (LAS starvation)
