@@ -4,7 +4,7 @@ Live, the "clockq: load sample" task records the load index (clockq/policy/load.
 plus the GPUs queued jobs ask for, over the GPUs) every minute, and "clockq: forecast" turns the
 forecast of it into decisions with `control.decide_admission` (close above 85 %, reopen below
 75 %). While admission is closed a new job of a tier that `control.admits` does not let in is
-held, not queued; it is queued when admission reopens, in the order it was submitted.
+held, not queued; it is queued when admission reopens, by tier and then by age.
 
 The replay has no trained model, so the forecast is persistence: the load index just sampled
 stands for the one 15 minutes ahead. That is also what the live predictor serves until a model

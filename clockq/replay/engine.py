@@ -266,7 +266,9 @@ class Replay:
         jobs may still arrive or are held."""
         assert self.admission is not None
         busy = self.cfg.gpus - self.free - self.freeing
-        for job in self.admission.decide(self.now, busy_gpus=busy, waiting_gpus=self.waiting_gpus, gpus=self.cfg.gpus):
+        released = self.admission.decide(self.now, busy_gpus=busy, waiting_gpus=self.waiting_gpus, gpus=self.cfg.gpus)
+        # Queued by tier, then by age, as the live reopening queues them.
+        for job in sorted(released, key=lambda j: (j.home_rank, j.t.submit_s, j.idx)):
             if job.state == St.HELD:  # not timed out meanwhile
                 self.wait(job)
         if self._arrivals_left or self.admission.held:
