@@ -89,6 +89,19 @@ def env_int_list(name: str, default: list[int], *, min_value: int, max_value: in
     return values
 
 
+def env_float_list(name: str, default: list[float], *, min_value: float, max_value: float) -> list[float]:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        values = [float(part) for part in raw.split(",")]
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a comma list of numbers") from None
+    if any(not min_value <= v <= max_value for v in values):
+        raise ImproperlyConfigured(f"{name}={raw!r}: each value must be between {min_value} and {max_value}")
+    return values
+
+
 def parse_gpus(raw: str) -> str | list[int]:
     """`auto`, `sim:N` or a comma list of GPU indices such as `0,1,3`.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import re
 from datetime import timedelta
@@ -16,6 +17,7 @@ from clockq.env import (
     env_bool,
     env_choice,
     env_float,
+    env_float_list,
     env_int,
     env_int_list,
     env_list,
@@ -25,6 +27,7 @@ from clockq.env import (
     persistent_secret,
 )
 from clockq.policy import control as _control
+from clockq.policy.ordering import BASE_LADDER_GPU_S
 from clockq.policy.tiers import QUEUES_IN_ORDER
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -333,6 +336,13 @@ CLOCKQ_LEASE_S = env_float("CLOCKQ_LEASE_S", 20.0, min_value=1.0, max_value=3600
 # Slices are never so short that switching costs more than this share of the GPU.
 CLOCKQ_OVERHEAD_BUDGET = env_float("CLOCKQ_OVERHEAD_BUDGET", 0.05, min_value=0.0, max_value=1.0)
 CLOCKQ_MAX_SLICE_MS = env_int("CLOCKQ_MAX_SLICE_MS", 5000, min_value=1, max_value=3_600_000)
+# The service ladder (clockq/policy/ordering.py): the attained GPU-seconds at which a job of the
+# least urgent tier drops a level in the order; more urgent tiers stretch it. Increasing.
+CLOCKQ_SERVICE_LADDER_S = env_float_list(
+    "CLOCKQ_SERVICE_LADDER_S", list(BASE_LADDER_GPU_S), min_value=0.001, max_value=1e12
+)
+if any(a >= b for a, b in itertools.pairwise(CLOCKQ_SERVICE_LADDER_S)):
+    raise ImproperlyConfigured(f"CLOCKQ_SERVICE_LADDER_S={CLOCKQ_SERVICE_LADDER_S}: the rungs must increase")
 # Snapshot, then persist: a checkpoint is copied into host memory (the snapshot) and the GPU goes
 # to the next job; a background thread writes it. Snapshots in flight hold at most this much host
 # memory per worker; past it, the next checkpoint is written before the GPU is handed over.

@@ -13,7 +13,7 @@ from django.conf import settings as django_settings
 from django.core.cache import cache
 
 from tests.harness import GpuWorkers, RedisServer, can_sandbox
-from tests.helpers import database_url
+from tests.helpers import SHORT_LADDER, database_url
 
 
 def pytest_unconfigure(config):
@@ -95,6 +95,9 @@ def _clean_slate(request, redis_server, crossable_dir, settings):
     # Where bubblewrap cannot run (not installed, no user namespaces), the protocol's tests run
     # programs unsandboxed; the sandbox's own tests skip, saying why.
     settings.CLOCKQ_COMMAND_SANDBOX = "bwrap" if can_sandbox() else "none"
+    # Test jobs run for milliseconds to seconds: a ladder on that scale, so that the order by
+    # attained service shows in a test (start_workers passes it on to the workers).
+    settings.CLOCKQ_SERVICE_LADDER_S = SHORT_LADDER
     marker = request.node.get_closest_marker("django_db")
     if marker or {"db", "transactional_db"} & set(request.fixturenames):
         # Transactional tests flush every table, the seeded tiers included.
@@ -146,6 +149,7 @@ def start_workers(transactional_db, redis_server, settings, tmp_path):
                 "CLOCKQ_COMMAND_READ_PATHS": ",".join(settings.CLOCKQ_COMMAND_READ_PATHS),
                 "CLOCKQ_COMMAND_SANDBOX": settings.CLOCKQ_COMMAND_SANDBOX,
                 "CLOCKQ_LOG_LEVEL": "INFO",
+                "CLOCKQ_SERVICE_LADDER_S": ",".join(repr(r) for r in settings.CLOCKQ_SERVICE_LADDER_S),
                 **env,
             },
             gpus=gpus,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Callable, Iterator
 
 from django.db import connection
 
@@ -10,6 +12,46 @@ from clockq.jobs import services, workloads
 from clockq.jobs.models import Job
 from clockq.policy.states import TERMINAL_STATES
 from tests.harness import wait_for
+
+# A service ladder in tens of milliseconds (CLOCKQ_SERVICE_LADDER_S): in a test that lasts
+# seconds, jobs of one tier then take turns by attained service as under LAS, where the default
+# ladder (minutes of GPU time) would let the first of them run to its end.
+SHORT_LADDER = [0.02 * 2**i for i in range(14)]
+
+
+@contextlib.contextmanager
+def after_the_claim(then: Callable[[], object]) -> Iterator[None]:
+    """Call `then()` each time a worker in this process has just claimed a job: what arrives
+    there arrives once the worker holds its job (before it, a job that comes first in the order
+    would be claimed instead)."""
+    from workers import slice_runner
+
+    real = slice_runner.claim_job
+
+    def claim(job_id, token, runtime):
+        claimed = real(job_id, token, runtime)
+        then()
+        return claimed
+
+    slice_runner.claim_job = claim
+    try:
+        yield
+    finally:
+        slice_runner.claim_job = real
+
+
+def yield_once(job: Job, runtime) -> Job:
+    """Run one dispatch of `job` in this process: an HP job arrives once it is claimed, so it
+    yields after one slice (the HP job is then cancelled, so the next dispatch claims `job`
+    again). Returns the job as its yield left it, its checkpoint written."""
+    from workers.slice_runner import RunOutcome, run_dispatch
+
+    rivals: list[Job] = []
+    with after_the_claim(lambda: rivals.append(submit(job.owner, "HP", "rival", steps=1))):
+        assert run_dispatch(job.pk, job.dispatch_token, runtime) == RunOutcome.YIELDED
+    Job.objects.filter(pk__in=[r.pk for r in rivals]).update(state="cancelled")
+    runtime.persister.flush()  # its checkpoint is written in the background
+    return Job.objects.get(pk=job.pk)
 
 
 def token_auth(user, days: int | None = None) -> dict:

@@ -190,7 +190,7 @@ def release_jobs(modeladmin, request, queryset):
     _run_action(modeladmin, request, queryset, services.release_job, "Released")
 
 
-@admin.action(description="Promote selected waiting jobs for one slice (to their tier's promote-to tier)")
+@admin.action(description="Promote selected waiting jobs (to their tier's promote-to tier)")
 def promote_jobs(modeladmin, request, queryset):
     _run_action(modeladmin, request, queryset, promotion.promote_job, "Promoted")
 

@@ -234,8 +234,9 @@ def job_cancel(request, job_id: int):
 
 @extend_schema(
     operation_id="jobs_promote",
-    summary="Promote a waiting job for one slice (staff)",
-    description="The job gets one slice in a more urgent tier, then returns to its own, as a starved job "
+    summary="Promote a waiting job (staff)",
+    description="The job is scheduled in a more urgent tier until it has had a fair amount of service there "
+    "(the first rung of that tier's service ladder), then returns to its own, as a starved job "
     "does after `promote_after_rounds` skipped rounds. The history records who promoted it.",
     parameters=[JOB_ID],
     request=PromoteSerializer,

@@ -48,7 +48,7 @@ EVENT_CAP = 2_000
 PROMOTION_PREFIXES = ("promoted ", "batch chance")
 RETURN_PREFIX = "returned to "
 PREEMPTED_PREFIX = "preempted by a waiting RT job"
-_RAN_IN = re.compile(r"after one slice in (\w+)")
+_RAN_IN = re.compile(r"(?:after one slice|s of service) in (\w+)")  # older events say "one slice"
 # An event is written in the transaction that records its slice, a few ms either side of the
 # slice's end.
 _EVENT_SLACK = timedelta(seconds=2)

@@ -221,7 +221,7 @@ def _counter_families(found: counters.Counters, codes: list[str], tiers: list[tu
     )
     promotions = CounterMetricFamily(
         "clockq_promotions",
-        "Jobs lifted to a more urgent tier for one slice: starved (the promotion tick), batch_chance or by_hand.",
+        "Jobs lifted to a more urgent tier: starved (the promotion tick), batch_chance or by_hand.",
         labels=["from_tier", "to_tier", "kind"],
     )
     # The configured routes show 0 before their first use; others appear once used.

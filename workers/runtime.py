@@ -34,6 +34,7 @@ from workers.workloads.base import Workload
 log = logging.getLogger("clockq.runtime")
 
 STORAGE_BACKOFF_MIN_S = 1.0
+GPU_COUNT_TTL_S = 5.0
 STORAGE_BACKOFF_MAX_S = 30.0
 STORAGE_PROBE_EVERY_S = 1.0
 DEGRADED_TTL_S = 60.0  # a degraded mark outlives the backoff by this much, then expires
@@ -138,6 +139,19 @@ class Runtime:
         self.storage_backoff_s = 0.0
         self.degraded_reason: str | None = None
         self.storage_probed_at = 0.0
+        self._gpus_counted: tuple[float, int] = (-1e9, 1)  # (when, live GPU workers)
+
+    def gpu_count(self) -> int:
+        """Live GPU workers in the cluster, this one included (the heartbeats, re-read at most
+        every GPU_COUNT_TTL_S): the size of the pool that the lower tiers' share is a part of."""
+        at, count = self._gpus_counted
+        if time.monotonic() - at > GPU_COUNT_TTL_S:
+            try:
+                count = sum(w.get("gpu") is not None for w in heartbeat.live_workers())
+            except RedisError as exc:
+                log.warning("cannot count the live GPU workers (%s); keeping %d", exc, count)
+            self._gpus_counted = (time.monotonic(), max(count, 1))
+        return self._gpus_counted[1]
 
     def storage_failed(self, reason: str) -> None:
         """The checkpoint storage failed under a job (which went back to its queue, uncharged).

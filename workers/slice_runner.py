@@ -171,7 +171,7 @@ class JobRun:
 
     def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> RunOutcome | None:
         """Finish, continue (None) or leave the GPU, as the policy decides."""
-        decision = self.boundary.decide(done, record.cut_short)
+        decision = self.boundary.decide(done, record.cut_short, record.used_ms)
         action = decision.action
         if action == BoundaryAction.FINISH:
             try:
@@ -234,7 +234,7 @@ class JobRun:
 
     def _roll_back(self) -> None:
         """Forget the slice's own work: back to the last checkpoint the database knows. A
-        promoted job had its slice, good or not, and goes back to its own tier."""
+        promoted job goes back to its own tier: its promotion was a chance, and it failed."""
         self.tiers.return_home()
         self.metrics.forget()  # its metric points go with its work
         # Back to the files the database names; the generation number stays, never reused.

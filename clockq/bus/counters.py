@@ -80,7 +80,7 @@ def count_first_start(*, tier: str, wait_ms: int, writer: Executor | None = None
 
 
 def count_promotion(*, from_tier: str, to_tier: str, actor: str) -> None:
-    """A job was lifted from `from_tier` to `to_tier` for one slice by `actor`."""
+    """A job was lifted from `from_tier` to `to_tier` by `actor`."""
     kind = PROMOTION_KINDS.get(actor, BY_HAND)
     _after_commit(lambda pipe: pipe.hincrby(PROMOTIONS_KEY, f"{from_tier}:{to_tier}:{kind}", 1))
 

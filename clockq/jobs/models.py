@@ -42,8 +42,8 @@ class QueueTier(models.Model):
         help_text="A job not started this long after submission ends timed_out (a late inference is "
         "worthless). Empty: never; a job that misses its wait target is only marked late.",
     )
-    # Starvation control (clockq/policy/promotion.py). A promoted job runs one slice in the
-    # higher tier, then returns to its own.
+    # Starvation control (clockq/policy/promotion.py). A promoted job is scheduled in the higher
+    # tier until it has had the first rung of that tier's service ladder there, then returns.
     promote_after_rounds = models.PositiveSmallIntegerField(
         null=True,
         blank=True,
@@ -57,7 +57,7 @@ class QueueTier(models.Model):
         default=0,
         validators=[MaxValueValidator(1_000)],
         help_text="At each batch chance (a periodic task, every 2 h by default), this many of the "
-        "oldest waiting jobs get one slice in the chance tier. 0: none.",
+        "oldest waiting jobs are lifted to the chance tier, as a promotion. 0: none.",
     )
     chance_to = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+", help_text="A more urgent tier."
@@ -124,6 +124,11 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True, db_index=True)
     wait_ms = models.BigIntegerField(default=0)
     run_ms = models.BigIntegerField(default=0)
+    promoted_run_ms = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Its run time when it was promoted: its service in the higher tier counts from here.",
+    )
 
     slice_count = models.PositiveIntegerField(default=0)
     # The highest checkpoint generation ever named; numbers only grow, so a name is never reused.
@@ -183,6 +188,22 @@ class Job(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+
+class UserShare(models.Model):
+    """A user's recent GPU service in one tier, for fair share within the tier
+    (clockq/policy/ordering.py). Each GPU-second counts `share_weight` of when it was given, which
+    is how a decaying share keeps its order without being rewritten as time passes."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    tier = models.ForeignKey(QueueTier, on_delete=models.CASCADE, related_name="+")
+    weighted_gpu_s = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "tier"], name="user_share_user_tier")]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} in {self.tier_id}: {self.weighted_gpu_s:.3g}"
 
 
 class UserQuota(models.Model):

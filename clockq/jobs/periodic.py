@@ -34,8 +34,7 @@ PERIODIC_TASKS: tuple[Periodic, ...] = (
         "clockq.batch_chance",
         BATCH_CHANCE_EVERY_S,
         {"tier": "BP"},
-        description="The oldest waiting BP jobs get one slice through a more urgent queue (tiers: chance jobs, "
-        "chance to).",
+        description="The oldest waiting BP jobs are lifted to a more urgent tier (tiers: chance jobs, chance to).",
     ),
     Periodic(
         "clockq: SLO check",

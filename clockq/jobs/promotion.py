@@ -3,7 +3,7 @@
 The rules are clockq/policy/promotion.py; this module gathers their facts from the database and
 applies their decisions through compare-and-set transitions. A promoted job gets a new token and
 a message on the higher tier's queue, so its old message goes stale; its worker returns it to
-its own tier after one slice (workers/slice_runner.py).
+its own tier once it has had a fair amount of service there (workers/run/tiers.py).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def promotion_tick(now: datetime | None = None) -> rules.TickDecisions:
 
 
 def give_batch_chance(tier_code: str, actor: str = "batch chance") -> int:
-    """The tier's oldest waiting jobs get one slice through its chance tier. Returns how many."""
+    """The tier's oldest waiting jobs get a chance in its chance tier. Returns how many."""
     tiers = {t.code: t for t in QueueTier.objects.all()}
     tier = tiers.get(tier_code)
     if tier is None:
@@ -81,13 +81,14 @@ def give_batch_chance(tier_code: str, actor: str = "batch chance") -> int:
 
 
 def promote_job(job: Job, actor: str, to_tier_code: str | None = None) -> Job:
-    """Promotion by hand (staff): one slice in a more urgent tier, then back, as a starved job."""
+    """Promotion by hand (staff): a more urgent tier until the job has had its fair amount of
+    service there, then back, as a starved job."""
     tiers = {t.code: t for t in QueueTier.objects.all()}
     job.refresh_from_db()
     if job.state != QUEUED:
         raise PromotionRefused(f"only a waiting job can be promoted; job #{job.pk} is {job.state}")
     if job.tier_id != job.original_tier_id:
-        raise PromotionRefused(f"job #{job.pk} is already promoted to {job.tier.code} for one slice")
+        raise PromotionRefused(f"job #{job.pk} is already promoted to {job.tier.code}")
     home = job.original_tier
     code = to_tier_code or tiers_code(tiers, home.promote_to_id)
     if code is None:
@@ -99,7 +100,7 @@ def promote_job(job: Job, actor: str, to_tier_code: str | None = None) -> Job:
         raise PromotionRefused(f"unknown tier {code!r}; choose one of {', '.join(TIER_CODES)}")
     if tiers[code].rank >= home.rank:
         raise PromotionRefused(f"{code} is not more urgent than {home.code}")
-    promotion = rules.Promotion(job.pk, home.code, code, f"promoted {home.code} -> {code} for one slice by hand")
+    promotion = rules.Promotion(job.pk, home.code, code, f"promoted {home.code} -> {code} by hand")
     if not _apply([promotion], {job.pk: (job.dispatch_token, job.enqueued_at)}, tiers, actor=actor):
         job.refresh_from_db()
         raise PromotionRefused(f"job #{job.pk} changed meanwhile; it is {job.state}")
@@ -160,7 +161,8 @@ def _apply(
             reason=p.reason,
             actor=actor,
             # It keeps its wait: enqueued_at is when it entered the queue, not when it moved up.
-            updates={"tier": to, "skipped_rounds": 0, "enqueued_at": enqueued_at},
+            # Its service in the higher tier counts from here (clockq/jobs/order.py).
+            updates={"tier": to, "skipped_rounds": 0, "enqueued_at": enqueued_at, "promoted_run_ms": F("run_ms")},
             queue_name=to.queue_name,
         )
         if changed is not None:

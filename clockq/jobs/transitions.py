@@ -69,7 +69,7 @@ def transition(
         # Leaving the queue ends a wait; a starved job's streak of skipped rounds restarts.
         fields.setdefault("skipped_rounds", 0)
     if to not in (JobState.QUEUED, JobState.RUNNING):
-        # A job promoted for one slice that leaves without it (held, cancelled, timed out) is
+        # A promoted job that leaves for any other state (held, cancelled, timed out, done) is
         # back in its own tier: a release or requeue must not carry the promotion along.
         fields.setdefault("tier_id", F("original_tier_id"))
     if to == JobState.QUEUED:

@@ -243,3 +243,35 @@ def share_weight(at_s: float, half_life_s: float = FAIR_SHARE_HALF_LIFE_S) -> fl
     the shares at every moment, and a share read at one time compares with one read later (a
     key stored in a queue does not go stale as time passes)."""
     return 2.0 ** (at_s / half_life_s)
+
+
+def makes_way_for(
+    me: int,
+    running: Sequence[Standing],
+    switch_cost_s: Sequence[float],
+    heads: Sequence[Standing | None],
+    *,
+    total_gpus: int,
+) -> int | None:
+    """At a live slice boundary of `running[me]`: the index into `heads` of the waiting job it
+    leaves its GPU to, or None to go on. The job a free GPU would take (`pick_next`, with this
+    GPU free) takes it if this job is the victim `pick_victim` chooses for it among all running
+    jobs: every GPU asks at its own boundary, and only the chosen one makes way, as the
+    simulator chooses one victim. Another GPU's victim that is not at its boundary yet leaves
+    at its own, which is at most one planned slice away (`leaves_at`). Nobody makes way while
+    a GPU is free (`total_gpus` more than the running jobs hold): the waiting job takes that
+    one, as when a victim has just left and its GPU is claiming."""
+    if total_gpus > sum(r.gpus for r in running):
+        return None
+    mine = running[me]
+    held = sum(r.gpus for r in running if in_lower_share(r.rank))
+    freed = held - (mine.gpus if in_lower_share(mine.rank) else 0)
+    best = pick_next(heads, held_by_lower=freed, total_gpus=total_gpus, free_gpus=mine.gpus)
+    if best is None:
+        return None
+    waiting = heads[best]
+    assert waiting is not None
+    for_rt = waiting.rank == 0
+    walk = sorted(range(len(running)), key=lambda i: victim_key(running[i], switch_cost_s[i], for_rt=for_rt))
+    victim = pick_victim(waiting, (running[i] for i in walk), held_by_lower=held, total_gpus=total_gpus)
+    return best if victim is not None and walk[victim] == me else None

@@ -12,10 +12,11 @@ the same code.
   before the round began and still there at its end) and none of the slices started in the
   round was its own.
 - A job skipped in `promote_after_rounds` consecutive rounds is **promoted** to `promote_to`:
-  it runs one slice there, then returns to its own tier. Starting a slice, or leaving the
+  it is scheduled there until it has had a fair amount of service there
+  (`ordering.Ladder.promotion_service`), then returns to its own tier. Starting a slice, or leaving the
   queue (held, cancelled), restarts the streak.
-- A **batch chance** gives the oldest waiting jobs of a tier one slice through a more urgent
-  tier's queue, on a timer, whatever the rounds say.
+- A **batch chance** lifts the oldest waiting jobs of a tier to a more urgent tier, as a
+  promotion, on a timer, whatever the rounds say.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def decide_round(
                     job.id,
                     job.tier,
                     rule.promote_to,
-                    f"promoted {job.tier} -> {rule.promote_to} for one slice: skipped in {count} "
+                    f"promoted {job.tier} -> {rule.promote_to}: skipped in {count} "
                     f"consecutive rounds while {facts.slices_started} slice(s) went to other jobs in the last",
                 )
             )
@@ -107,12 +108,12 @@ def decide_round(
 def batch_chance(
     waiting_oldest_first: Sequence[WaitingJob[Instant]], *, tier: str, jobs: int, to_tier: str | None
 ) -> list[Promotion]:
-    """The `jobs` oldest jobs waiting in their own `tier` get one slice through `to_tier`."""
+    """The `jobs` oldest jobs waiting in their own `tier` are lifted to `to_tier`."""
     if jobs <= 0 or not to_tier:
         return []
     chosen = [j for j in waiting_oldest_first if j.tier == tier and j.home_tier == tier][:jobs]
     return [
-        Promotion(j.id, tier, to_tier, f"batch chance: one slice through {to_tier}, the oldest waiting {tier} job")
+        Promotion(j.id, tier, to_tier, f"batch chance: lifted to {to_tier}, the oldest waiting {tier} job")
         for j in chosen
     ]
 

@@ -40,6 +40,9 @@ class Boundary:
     done: bool
     job_rank: int
     waiting_by_rank: Sequence[int]  # messages waiting per tier rank, most urgent first
+    # The waiting job this one leaves its GPU to, as the order decides (clockq/policy/ordering.py,
+    # `makes_way_for`): its description, or None if none comes first.
+    outranked_by: str | None = None
     pending_action: PendingAction = PendingAction.NONE
     past_deadline: bool = False
     shutting_down: bool = False
@@ -120,21 +123,16 @@ def switch_cost_ewma(previous: float | None, sample: float) -> float:
     return ewma(previous, sample)
 
 
-def waiting_ahead(job_rank: int, waiting_by_rank: Sequence[int]) -> int:
-    """Jobs this one should make way for: those of the same tier or a more urgent one."""
-    return sum(waiting_by_rank[: job_rank + 1])
-
-
 KEEPS_GPU_WHILE_STORAGE_FAILS = (
     "kept the GPU: checkpoint storage is failing, and making way would lose its work since its last checkpoint"
 )
 
 
 def decide_at_boundary(b: Boundary) -> Decision:
-    """Finish, continue or switch. Switch only when it pays: someone must be waiting, and the
-    job's state must be able to leave the GPU. While checkpoints cannot be written, a job makes
-    way for no one (an RT job included, which waits for another GPU or for the storage); what
-    an operator or a deadline asks for still happens."""
+    """Finish, continue or switch. Switch only when it pays: a job that comes first in the
+    order must be waiting, and the job's state must be able to leave the GPU. While checkpoints
+    cannot be written, a job makes way for no one (an RT job included, which waits for another
+    GPU or for the storage); what an operator or a deadline asks for still happens."""
     decision = _decide(b)
     asked = b.shutting_down or b.pending_action == PendingAction.REQUEUE
     if decision.action == BoundaryAction.YIELD and b.checkpoints_failing and not asked:
@@ -159,7 +157,6 @@ def _decide(b: Boundary) -> Decision:
         if b.job_rank > 0 and b.waiting_by_rank and b.waiting_by_rank[0]:
             return Decision(BoundaryAction.YIELD, "preempted by a waiting RT job")
         return Decision(BoundaryAction.CONTINUE, "RT job already taken elsewhere")
-    ahead = waiting_ahead(b.job_rank, b.waiting_by_rank)
-    if ahead:
-        return Decision(BoundaryAction.YIELD, f"{ahead} job(s) waiting at the same or a higher tier")
-    return Decision(BoundaryAction.CONTINUE, "nothing waiting to make way for")
+    if b.outranked_by:
+        return Decision(BoundaryAction.YIELD, f"made way for {b.outranked_by}, which comes first in the order")
+    return Decision(BoundaryAction.CONTINUE, "nothing waiting that comes first in the order")

@@ -32,7 +32,7 @@ class TierSpec:
 
 
 # The specification: RT work is worthless after 1 s; an SP job skipped in 3 consecutive rounds
-# moves to HP; a BP job gets one slice through SP every 2 h (the batch-chance periodic task).
+# moves to HP; a BP job is lifted to SP every 2 h (the batch-chance periodic task).
 TIERS: tuple[TierSpec, ...] = (
     TierSpec("RT", 0, "real-time inference", "rt", 50, start_timeout_ms=1_000),
     TierSpec("HP", 1, "fine-tuning", "hp", 60_000),

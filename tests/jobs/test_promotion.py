@@ -63,7 +63,7 @@ def test_an_sp_job_skipped_three_rounds_is_promoted_to_hp_for_one_slice(alice):
     assert job.dispatch_token != old_token  # its SP message is stale now
     assert job.enqueued_at == since  # it keeps its wait
     assert job.skipped_rounds == 0
-    assert job.events.last().reason.startswith("promoted SP -> HP for one slice: skipped in 3 consecutive rounds")
+    assert job.events.last().reason.startswith("promoted SP -> HP: skipped in 3 consecutive rounds")
 
 
 def test_a_slice_of_its_own_resets_the_streak(alice):
@@ -118,7 +118,7 @@ def test_batch_chance_lifts_the_oldest_waiting_bp_job_through_sp(alice):
     assert give_batch_chance("BP") == 1
     lifted = Job.objects.get(pk=oldest.pk)
     assert (lifted.tier.code, lifted.original_tier.code) == ("SP", "BP")
-    assert lifted.events.last().reason.startswith("batch chance: one slice through SP")
+    assert lifted.events.last().reason.startswith("batch chance: lifted to SP")
     assert give_batch_chance("BP") == 1  # the next one; the lifted one is no longer waiting in BP
     assert Job.objects.get(pk=older.pk).tier.code == "SP"
 

@@ -138,9 +138,9 @@ def fixture(alice, settings):
     make_job(alice, "SP", "10:02:00", state="cancelled", finished="10:03:00")
     h = make_job(alice, "SP", "10:05:00", state="queued", now_in="HP")
     i = make_job(alice, "BP", "10:00:00", state="queued")
-    make_event(h, "10:06:00", "promoted SP -> HP for one slice: skipped in 3 consecutive rounds")
-    make_event(h, "10:06:30", "returned to SP after one slice in HP")  # not a promotion
-    make_event(i, "10:08:00", "batch chance: one slice through SP, the oldest waiting BP job")
+    make_event(h, "10:06:00", "promoted SP -> HP: skipped in 3 consecutive rounds")
+    make_event(h, "10:06:30", "returned to SP after 0.1 s of service in HP")  # not a promotion
+    make_event(i, "10:08:00", "batch chance: lifted to SP, the oldest waiting BP job")
     make_slice(a, 0, "10:00:30 - 10:01:30", 50, 0.8, "yielded", checkpoint_ms=200, restore_ms=100)
     make_slice(a, 0, "10:01:40 - 10:02:10", 30, 0.5, "completed")
     make_slice(c, 1, "10:01:00 - 10:01:50", 50, 1.0, "continued")

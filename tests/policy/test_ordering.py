@@ -312,3 +312,51 @@ def test_the_share_is_whole_gpus_and_none_on_a_small_cluster():
     assert not share_protects(job(BK), for_rt=False, held_by_lower=1, total_gpus=tiny)
     heads = [None, job(HP), None, None, job(BK)]
     assert pick_next(heads, held_by_lower=0, total_gpus=tiny, free_gpus=1) == HP
+
+
+# --- making way at a live boundary -------------------------------------------------------------
+
+
+def boundary(me, running, heads, costs=None, total=None):
+    costs = costs if costs is not None else [0.01] * len(running)
+    total = total if total is not None else len(running)  # every GPU busy
+    return ordering.makes_way_for(me, running, costs, heads, total_gpus=total)
+
+
+def test_a_job_goes_on_when_nothing_waiting_comes_first():
+    running = [job(SP, level=0, job_id=1)]
+    assert boundary(0, running, [None, None, job(SP, level=0, submitted=5, job_id=2), None, None]) is None
+    assert boundary(0, running, [None] * 5) is None
+
+
+def test_a_job_makes_way_for_a_waiting_job_of_a_better_level():
+    running = [job(SP, level=1, job_id=1)]
+    assert boundary(0, running, [None, None, None, None, job(BK, level=0, job_id=2)]) == BK
+
+
+def test_only_the_victim_makes_way_and_the_others_go_on():
+    # Two GPUs, both displaceable: the one furthest back in the order (BK at level 1) makes way.
+    running = [job(SP, level=1, job_id=1), job(BK, level=1, job_id=2)]
+    heads = [None, job(HP, level=0, job_id=3), None, None, None]
+    assert boundary(0, running, heads) is None
+    assert boundary(1, running, heads) == HP
+
+
+def test_for_rt_the_cheapest_switch_makes_way():
+    running = [job(SP, level=0, job_id=1), job(BK, level=0, job_id=2)]
+    heads = [job(RT, job_id=3), None, None, None, None]
+    assert boundary(0, running, heads, costs=[0.01, 0.5]) == RT
+    assert boundary(1, running, heads, costs=[0.01, 0.5]) is None
+
+
+def test_nobody_makes_way_while_a_gpu_is_free():
+    # One of two GPUs was just given up (its job yielded): the waiting job takes that one
+    running = [job(SP, level=3, job_id=1)]
+    assert boundary(0, running, [None, job(HP, job_id=2), None, None, None], total=2) is None
+
+
+def test_the_share_keeps_the_last_best_effort_gpu_from_hp():
+    # On 10 GPUs the best-effort tiers' share is one GPU: its job keeps it against HP.
+    running = [job(BK, level=2, job_id=1)] + [job(HP, level=0, job_id=i) for i in range(2, 11)]
+    heads = [None, job(HP, level=0, job_id=20), None, None, None]
+    assert boundary(0, running, heads, total=10) is None

@@ -10,7 +10,6 @@ from clockq.policy.slicing import (
     ewma,
     plan_slice,
     switch_cost_ewma,
-    waiting_ahead,
 )
 
 
@@ -34,24 +33,15 @@ def test_plan_slice_never_goes_below_the_floor():
 
 
 @pytest.mark.parametrize(
-    ("rank", "waiting", "ahead"),
-    [
-        (2, [0, 0, 0, 0, 5], 0),  # only BK waits behind an SP job
-        (2, [0, 0, 1, 0, 0], 1),  # another SP job: take turns
-        (4, [1, 0, 0, 0, 0], 1),  # RT waits behind a BK job
-        (0, [0, 3, 3, 3, 3], 0),  # nothing outranks RT
-    ],
-)
-def test_waiting_ahead_counts_same_and_higher_tiers(rank, waiting, ahead):
-    assert waiting_ahead(rank, waiting) == ahead
-
-
-@pytest.mark.parametrize(
     ("boundary", "action"),
     [
         (Boundary(done=True, job_rank=2, waiting_by_rank=[9, 9, 9, 9, 9]), BoundaryAction.FINISH),
-        (Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 0, 0, 4]), BoundaryAction.CONTINUE),
-        (Boundary(done=False, job_rank=2, waiting_by_rank=[0, 1, 0, 0, 0]), BoundaryAction.YIELD),
+        # Jobs wait, but none comes first in the order (an older job of its class keeps its GPU).
+        (Boundary(done=False, job_rank=2, waiting_by_rank=[0, 1, 0, 0, 4]), BoundaryAction.CONTINUE),
+        (
+            Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 0, 0, 1], outranked_by="job #7 (BK, level 0)"),
+            BoundaryAction.YIELD,
+        ),
         (
             Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 0, 0, 0], past_deadline=True),
             BoundaryAction.TIME_OUT,
@@ -132,7 +122,10 @@ def test_plan_slice_takes_keyword_arguments_only():
     ("boundary", "action"),
     [
         # Making way for a job of the same tier, a higher one or an RT job would lose the work.
-        (Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 1, 0, 0]), BoundaryAction.CONTINUE),
+        (
+            Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 1, 0, 0], outranked_by="job #7"),
+            BoundaryAction.CONTINUE,
+        ),
         (Boundary(done=False, job_rank=2, waiting_by_rank=[1, 0, 0, 0, 0], cut_short=True), BoundaryAction.CONTINUE),
         # What a deadline, an operator or a stopping worker asks for still happens.
         (Boundary(done=True, job_rank=2, waiting_by_rank=[1] * 5), BoundaryAction.FINISH),

@@ -176,8 +176,8 @@ SHARED_WITH_LIVE = [
     (promotion, "batch_chance"),
     (service_levels, "judge_wait"),
 ]
-# ... and the order, which the replay runs and the live worker's claim does not call yet (it
-# still takes turns within a tier: slicing.decide_at_boundary and waiting_ahead).
+# ... and the order, which the live worker's claim and boundary reach through clockq/jobs/order.py
+# (pick_next; makes_way_for, which walks pick_victim by victim_key; share_weight).
 ORDER = [
     (ordering, "order_key"),
     (ordering, "pick_next"),
@@ -191,13 +191,14 @@ ORDER = [
 
 
 def test_the_workers_and_beat_call_the_same_policy_functions():
+    from clockq.jobs import order as live_order
     from clockq.jobs import promotion as live_promotion
     from clockq.kpis import rollup as kpi_rollup
     from workers.run import boundary, claim, steps
 
     assert steps.plan_slice is slicing.plan_slice
     assert boundary.decide_at_boundary is slicing.decide_at_boundary
-    assert boundary.waiting_ahead is slicing.waiting_ahead
+    assert boundary.order is claim.order is live_order and live_order.ordering is ordering
     assert claim.judge_wait is service_levels.judge_wait
     assert live_promotion.rules is promotion  # promotion_tick and batch chances: rules.decide_round ...
     assert kpi_rollup.finished_on_time is service_levels.finished_on_time

@@ -122,7 +122,7 @@ def busy_pool(alice):
     make_event(starved, t0 + timedelta(seconds=5), promotion.reason, actor="promotion tick")
     promoted = make_slice(starved, GPU1, t0 + timedelta(seconds=6), 50, "yielded")
     # Written by the worker at the end of the promoted slice (workers/slice_runner.py).
-    make_event(starved, promoted.ended_at - timedelta(milliseconds=1), "returned to SP after one slice in HP")
+    make_event(starved, promoted.ended_at - timedelta(milliseconds=1), "returned to SP after 0.1 s of service in HP")
     make_slice(starved, GPU1, t0 + timedelta(seconds=7), 50, "yielded")  # back home: not promoted
 
     chance = rules.batch_chance([rules.WaitingJob(nightly.pk, "BP", "BP", 0, t0)], tier="BP", jobs=1, to_tier="SP")[0]
@@ -158,7 +158,7 @@ def test_the_timeline_holds_bars_switches_preemptions_and_promotions(client, car
 
     promotions = [(p["job"], p["tier"], p["actor"], p["reason"].split(":")[0]) for p in timeline["promotions"]]
     assert promotions == [
-        (starved, "SP", "promotion tick", "promoted SP -> HP for one slice"),
+        (starved, "SP", "promotion tick", "promoted SP -> HP"),
         (nightly, "BP", "batch chance", "batch chance"),
     ]
     assert timeline["truncated"] is False

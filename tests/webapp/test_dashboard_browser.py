@@ -71,7 +71,7 @@ def some_slices(alice):
     ).promotions[0]
     make_event(starved, t0 + timedelta(seconds=8), promotion.reason, actor="promotion tick")
     promoted = make_slice(starved, GPU1, t0 + timedelta(seconds=9), 3_000, "yielded")
-    make_event(starved, promoted.ended_at, "returned to SP after one slice in HP")
+    make_event(starved, promoted.ended_at, "returned to SP after 0.1 s of service in HP")
     submit(alice, tier="BP", name="waiting")
     Job.objects.filter(pk__in=[hp.pk, rt.pk]).update(state="succeeded")
     # Older history for the per-minute charts: an SP job served within its target and one that

@@ -57,6 +57,6 @@ def test_the_job_page_shows_promotion_lateness_and_history(client, alice, carol)
     promote(client, carol, job.pk)
     Job.objects.filter(pk=job.pk).update(late_at=timezone.now())
     page = client.get(f"/jobs/{job.pk}/").content.decode()
-    assert "promoted for one slice</strong> from SP" in page
+    assert "promoted</strong> from SP" in page
     assert "late</strong>: not started within SP" in page
-    assert "promoted SP -&gt; HP for one slice by hand" in page
+    assert "promoted SP -&gt; HP by hand" in page

@@ -75,7 +75,8 @@ def test_a_broker_restarted_empty_loses_no_queued_job(start_workers, redis_serve
     start_workers(gpus=1)
     for job in wait_finished(*jobs):
         assert job.state == "succeeded"
-        assert claims(job) == 1
+        # Run once: claimed once, and again only after each time it made way
+        assert claims(job) == 1 + job.slices.filter(outcome="yielded").count()
         assert job.events.filter(actor="reconciler").count() == 1
 
 

@@ -12,7 +12,7 @@ from clockq.bus.client import client
 from clockq.jobs.checkpoints import CheckpointStore, checkpoint_name
 from clockq.jobs.models import Job
 from tests.harness import program_python
-from tests.helpers import submit
+from tests.helpers import after_the_claim, submit
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 from workers.workloads import command
@@ -41,6 +41,15 @@ def _checkpointed_elsewhere(alice) -> tuple[Job, str]:
     return Job.objects.get(pk=job.pk), first
 
 
+def rt_job_arrives(owner, runtime: Runtime | None = None) -> None:
+    """Submit an RT job now and, with `runtime`, signal its worker at once. Submitted before
+    the claim, the RT job would be claimed instead (it comes first in the order): these tests
+    have it arrive once the worker holds its job."""
+    submit(owner, "RT", "urgent", steps=1)
+    if runtime is not None:
+        runtime.interrupts.rt_waiting.set()
+
+
 def when_asked_for_the_writer_of(name: str, then, monkeypatch) -> None:
     """Call `then()` once a worker asks who writes checkpoint `name`: it waits for that persist."""
     writer_of = persists.writer_of
@@ -57,12 +66,16 @@ def test_a_restore_waiting_for_a_persist_makes_way_for_an_rt_job(alice, monkeypa
     job, _first = _checkpointed_elsewhere(alice)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
     assert signals.wait_until_listening(5)
-    submit(alice, "RT", "urgent", steps=1)  # its message is in the RT queue, and it is announced
-    # Have the signal reach the worker only once it waits for generation 2.
-    assert here.interrupts.rt_waiting.wait(5)
-    here.interrupts.rt_waiting.clear()
+    # The RT job arrives (its message in the RT queue, announced) once the worker waits for generation 2.
     in_flight = job.checkpoint_files[0]
-    when_asked_for_the_writer_of(in_flight, here.interrupts.rt_waiting.set, monkeypatch)
+    arrived: list[bool] = []
+
+    def arrives_once():  # the worker asks for the writer more than once while it waits
+        if not arrived:
+            arrived.append(True)
+            rt_job_arrives(alice, here)
+
+    when_asked_for_the_writer_of(in_flight, arrives_once, monkeypatch)
     persists.mark(client(), job.pk, in_flight, "gpu9@elsewhere")  # a fresh 6 s
 
     outcome = run_dispatch(job.pk, job.dispatch_token, here)
@@ -86,11 +99,10 @@ def test_a_restore_waiting_for_a_persist_makes_way_for_an_rt_job(alice, monkeypa
 def test_a_claim_signalled_before_its_restore_makes_way_before_its_setup(alice, monkeypatch):
     job, _first = _checkpointed_elsewhere(alice)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
-    submit(alice, "RT", "urgent", steps=1)
-    here.interrupts.rt_waiting.set()
     monkeypatch.setattr(SyntheticWorkload, "setup", lambda *_: pytest.fail("set up for nothing"))
 
-    assert run_dispatch(job.pk, job.dispatch_token, here) == RunOutcome.YIELDED
+    with after_the_claim(lambda: rt_job_arrives(alice, here)):
+        assert run_dispatch(job.pk, job.dispatch_token, here) == RunOutcome.YIELDED
     assert Job.objects.get(pk=job.pk).events.filter(reason=f"{MADE_WAY} (before its setup)").exists()
 
 
@@ -98,14 +110,11 @@ def test_an_rt_job_signalled_during_the_setup_is_served_before_the_read(alice, m
     job, _first = _checkpointed_elsewhere(alice)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
     assert signals.wait_until_listening(5)
-    submit(alice, "RT", "urgent", steps=1)
-    assert here.interrupts.rt_waiting.wait(5)
-    here.interrupts.rt_waiting.clear()
     setup = SyntheticWorkload.setup
 
     def slow_setup(workload, ctx):  # a model build, during which the RT job is announced
         setup(workload, ctx)
-        here.interrupts.rt_waiting.set()
+        rt_job_arrives(alice, here)
 
     monkeypatch.setattr(SyntheticWorkload, "setup", slow_setup)
     monkeypatch.setattr(CheckpointStore, "restore", lambda *_a, **_k: pytest.fail("read for nothing"))
@@ -118,15 +127,18 @@ def test_an_rt_job_signalled_during_the_setup_is_served_before_the_read(alice, m
 def test_a_restore_goes_on_when_another_gpu_took_the_rt_job(alice, monkeypatch):
     job, _first = _checkpointed_elsewhere(alice)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
-    submit(alice, "RT", "urgent", steps=1)
-    assert signals.take_rt_job(client())  # another busy GPU made way for it
-    here.interrupts.rt_waiting.set()
+
+    def taken_elsewhere():
+        rt_job_arrives(alice, here)
+        assert signals.take_rt_job(client())  # another busy GPU made way for it
+
     # The writer gives up on generation 2 while the worker waits for it; the restore then
     # falls back to 1.
     in_flight = job.checkpoint_files[0]
     when_asked_for_the_writer_of(in_flight, lambda: persists.unmark(client(), job.pk, in_flight), monkeypatch)
 
-    run_dispatch(job.pk, job.dispatch_token, here)
+    with after_the_claim(taken_elsewhere):
+        run_dispatch(job.pk, job.dispatch_token, here)
 
     after = Job.objects.get(pk=job.pk)
     assert not after.events.filter(reason__startswith=MADE_WAY).exists()
@@ -141,11 +153,11 @@ def test_an_rt_job_does_not_wait_for_a_command_jobs_program_to_start(operator, m
     code = "import time; time.sleep(30)"
     job = submit(operator, "SP", "slow-start", workload="command", argv=[program_python(), "-c", code], step_ms=10)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
-    submit(operator, "RT", "urgent", steps=1)
     catches_signal = command.catches_signal
 
     def starting(pid, signum):  # the worker looks for the handler: the program is starting
-        here.interrupts.rt_waiting.set()
+        if not here.interrupts.rt_waiting.is_set():
+            rt_job_arrives(operator, here)
         return catches_signal(pid, signum)
 
     monkeypatch.setattr(command, "catches_signal", starting)

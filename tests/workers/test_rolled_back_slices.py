@@ -15,7 +15,7 @@ from clockq.jobs.checkpoints import CheckpointStore, checkpoint_name
 from clockq.jobs.models import Job, Slice
 from clockq.policy.slicing import SliceOutcome
 from control.reaper import reap_expired_leases
-from tests.helpers import submit
+from tests.helpers import submit, yield_once
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 
@@ -39,14 +39,13 @@ def _kept_steps(job_id: int) -> int:
 # the job's remaining work, and it would finish instead of yielding.
 @override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
 def test_the_slice_whose_checkpoint_died_with_its_writer_is_rolled_back_and_the_kept_steps_add_up(alice):
-    # Given a job that yielded twice on gpu0 (a rival waits, so it yields at every boundary),
-    # its second checkpoint lost as when gpu0 is killed with that persist in flight: the job
-    # names generation 2, but the file is not there and no writer's mark says it is coming
+    # Given a job that yielded twice on gpu0 (an HP job arrives each time, so it yields after a
+    # slice), its second checkpoint lost as when gpu0 is killed with that persist in flight: the
+    # job names generation 2, but the file is not there and no writer's mark says it is coming
     job = submit(alice, "SP", "victim", steps=STEPS, step_ms=1, state_kb=4)
-    submit(alice, "SP", "rival", steps=1)
     gpu0 = Runtime(WorkerIdentity("gpu0@test", 0))
-    assert _dispatch(job.pk, gpu0) == RunOutcome.YIELDED
-    assert _dispatch(job.pk, gpu0) == RunOutcome.YIELDED
+    yield_once(job, gpu0)
+    yield_once(Job.objects.get(pk=job.pk), gpu0)
     job.refresh_from_db()
     assert job.checkpoint_generation == 2
     CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).path(job.pk, job.checkpoint_files[0]).unlink()

@@ -10,10 +10,8 @@ import time
 import pytest
 from django.test import override_settings
 
-from clockq.jobs.models import Job
-from tests.helpers import submit
+from tests.helpers import submit, yield_once
 from workers.runtime import Runtime, WorkerIdentity
-from workers.slice_runner import RunOutcome, run_dispatch
 from workers.workloads.synthetic import SyntheticWorkload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,18 +31,11 @@ def slow_setup(monkeypatch):
     monkeypatch.setattr(SyntheticWorkload, "setup", setup)
 
 
-def _yield_once(job, runtime) -> Job:
-    assert run_dispatch(job.pk, job.dispatch_token, runtime) == RunOutcome.YIELDED
-    runtime.persister.flush()
-    return Job.objects.get(pk=job.pk)
-
-
 @override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
 def test_a_first_start_is_not_a_switch_but_a_restore_elsewhere_is(alice, slow_setup):
     job = submit(alice, "SP", "slow-start", steps=400, step_ms=1, state_kb=64)
-    submit(alice, "SP", "rival", steps=1)  # waits, so `job` yields at each boundary
 
-    job = _yield_once(job, Runtime(WorkerIdentity("gpu0@test", 0)))
+    job = yield_once(job, Runtime(WorkerIdentity("gpu0@test", 0)))
     first = job.slices.order_by("started_at").first()
     assert first.restore_ms >= SETUP_S * 1000  # the slice row still says what the start took
     # But the switch cost does not count it: only the checkpoint of the slice that yielded (no
@@ -53,5 +44,5 @@ def test_a_first_start_is_not_a_switch_but_a_restore_elsewhere_is(alice, slow_se
     assert left.outcome == "yielded" and job.switch_cost_ms == pytest.approx(left.checkpoint_ms)
 
     # Another worker sets the workload up again and reads the checkpoint: that is a switch's cost.
-    job = _yield_once(job, Runtime(WorkerIdentity("gpu1@test", 1)))
+    job = yield_once(job, Runtime(WorkerIdentity("gpu1@test", 1)))
     assert job.switch_cost_ms > 0.3 * SETUP_S * 1000  # EWMA, alpha 0.3

@@ -10,7 +10,7 @@ from django.test import override_settings
 from clockq.jobs.checkpoints import CheckpointStore, checkpoint_name
 from clockq.jobs.models import Job
 from tests.harness import WatchedEvent, wait_for
-from tests.helpers import submit
+from tests.helpers import submit, yield_once
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 from workers.warm_cache import WarmCache
@@ -19,21 +19,13 @@ from workers.workloads.synthetic import SyntheticWorkload
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _yield_once(job, runtime) -> Job:
-    """Run one dispatch of `job` while another SP job waits, so it yields after one slice."""
-    assert run_dispatch(job.pk, job.dispatch_token, runtime) == RunOutcome.YIELDED
-    runtime.persister.flush()  # its checkpoint is written in the background
-    return Job.objects.get(pk=job.pk)
-
-
 # Without the overhead rule: on a loaded machine a slow first claim would stretch the next slice
 # past the job's remaining 0.4 s of work, and it would finish instead of yielding.
 @override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
 def test_the_same_worker_resumes_warm_and_another_worker_from_the_file(alice):
     job = submit(alice, "SP", "warm", steps=400, step_ms=1, state_kb=64)
-    submit(alice, "SP", "rival", steps=1)  # waits, so `job` yields at its first boundary
     here = Runtime(WorkerIdentity("gpu0@test", 0))
-    job = _yield_once(job, here)
+    job = yield_once(job, here)
     assert job.checkpoint_generation == 1
     store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
     (first,) = job.checkpoint_files
@@ -42,7 +34,7 @@ def test_the_same_worker_resumes_warm_and_another_worker_from_the_file(alice):
     # Damage the file: a warm resume does not read it, so it does not notice.
     path = store.path(job.pk, first)
     path.write_bytes(path.read_bytes()[:-10])
-    job = _yield_once(job, here)
+    job = yield_once(job, here)
     assert job.checkpoint_generation == 2
     assert job.checkpoint_files[1] == first
     assert not job.events.filter(reason__contains="unusable").exists()
@@ -51,7 +43,7 @@ def test_the_same_worker_resumes_warm_and_another_worker_from_the_file(alice):
     elsewhere = Runtime(WorkerIdentity("gpu1@test", 1))
     path = store.path(job.pk, job.checkpoint_files[0])
     path.write_bytes(path.read_bytes()[:-10])
-    job = _yield_once(job, elsewhere)
+    job = yield_once(job, elsewhere)
     assert job.events.filter(reason__contains="generation 2 unusable").exists()
 
 
@@ -60,13 +52,12 @@ def test_a_warm_copy_is_not_used_once_the_job_moved_on_elsewhere(alice):
     """The cache checks the claim it was saved under: after another worker checkpointed the job,
     the first worker's live copy is stale, even if it were at the same generation number."""
     job = submit(alice, "SP", "moved-on", steps=400, step_ms=1, state_kb=4)
-    submit(alice, "SP", "rival", steps=1)
     here, elsewhere = Runtime(WorkerIdentity("gpu0@test", 0)), Runtime(WorkerIdentity("gpu1@test", 1))
-    job = _yield_once(job, here)
-    job = _yield_once(job, elsewhere)  # from the file; generation 2 is the other worker's
+    job = yield_once(job, here)
+    job = yield_once(job, elsewhere)  # from the file; generation 2 is the other worker's
     steps_before = sum(job.slices.values_list("steps", flat=True))
 
-    job = _yield_once(job, here)
+    job = yield_once(job, here)
 
     # It restored (from generation 2's file), so its steps carry on from there.
     last = job.slices.order_by("-id").first()
@@ -84,11 +75,10 @@ def test_a_warm_resume_reads_no_metric_curves_and_updates_them_in_place(alice):
     from clockq.jobs import metrics
 
     job = submit(alice, "SP", "curves", steps=400, step_ms=1, state_kb=4)
-    submit(alice, "SP", "rival", steps=1)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
-    job = _yield_once(job, here)
+    job = yield_once(job, here)
     with CaptureQueriesContext(connection) as queries:
-        job = _yield_once(job, here)
+        job = yield_once(job, here)
     metric_sql = [q["sql"] for q in queries.captured_queries if "jobs_jobmetric" in q["sql"]]
     assert len(metric_sql) == 1 and metric_sql[0].startswith("UPDATE"), metric_sql
     assert metrics.curves(job.pk)["loss"]["latest"][0] == sum(job.slices.values_list("steps", flat=True))

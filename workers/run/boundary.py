@@ -1,9 +1,10 @@
 """A slice's boundary: what the policy decides from, read cheaply, and its decision.
 
 It decides from the job's row, the broker's queue lengths and, only when those say someone
-waits ahead of it, the queued counts in the database that confirm it. That read is made during
-the slice's last step, on the runtime's reader thread, when the end could be foreseen, so the GPU
-does not wait for it; a change signalled after it (an RT job, an operator's hold) still counts.
+waits, the order in the database (clockq/jobs/order.py): whether a waiting job comes first and
+this job is the one to make way for it. That read is made during the slice's last step, on the
+runtime's reader thread, when the end could be foreseen, so the GPU does not wait for it; a
+change signalled after it (an RT job, an operator's hold) still counts.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from redis import RedisError
 
 from clockq.bus import queues, signals
 from clockq.bus.client import client
-from clockq.jobs import hot_sql
+from clockq.jobs import hot_sql, order
 from clockq.jobs.models import Job
-from clockq.policy.slicing import Boundary, Decision, PendingAction, decide_at_boundary, ewma, waiting_ahead
+from clockq.policy.slicing import Boundary, Decision, PendingAction, decide_at_boundary, ewma
 from clockq.policy.states import JobState
 from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob
@@ -37,7 +38,9 @@ log = logging.getLogger("clockq.slices")
 class BoundaryRead:
     waiting: list[int]  # dispatch messages in the broker per tier rank, most urgent first
     row: dict[str, Any] | None  # the job's state, dispatch_token, pending_action and tier_id
-    queued: list[int] | None  # queued jobs in the database per rank: set when the broker says someone waits
+    # The waiting job this one leaves its GPU to (clockq/jobs/order.py), read from the database
+    # when the broker says someone waits: its description, or None.
+    outranked_by: str | None = None
     # The next checkpoint's persist mark, set ahead when the read foresaw a yield: (name, when).
     marked: tuple[str, float] | None = None
 
@@ -61,10 +64,12 @@ class SliceBoundary:
         self.tiers = tiers
         self.checkpoints = checkpoints
         self.prefetch: Future[BoundaryRead] | None = None  # the boundary's read, made during the last step
+        self.slice_ms = 0.0
 
-    def new_slice(self) -> None:
+    def new_slice(self, planned_ms: float) -> None:
         """A read made for an earlier slice is not this one's."""
         self.prefetch = None
+        self.slice_ms = planned_ms  # the service this slice adds, as the order judges it
 
     def read_ahead(self) -> None:
         """Start the boundary's read on the reader thread, once a slice: the step loop calls this
@@ -72,8 +77,9 @@ class SliceBoundary:
         if self.prefetch is None:
             self.prefetch = self.runtime.boundary_reader.submit(self._prefetch_boundary)
 
-    def decide(self, done: bool, cut_short: bool) -> Decision:
-        """The policy's decision at this boundary. LostOwnership if the job is no longer ours."""
+    def decide(self, done: bool, cut_short: bool, used_ms: float = 0.0) -> Decision:
+        """The policy's decision at this boundary, after a slice that ran `used_ms`.
+        LostOwnership if the job is no longer ours."""
         read = self._prefetched() if not (done or cut_short) else None
         if read is None:
             read = self._read_boundary(done, cut_short)
@@ -84,14 +90,13 @@ class SliceBoundary:
         self.runtime.interrupts.clear(self.job_id)
         if row["tier_id"] != self.tiers.current.id:  # moved by an operator while running
             self.tiers.current = self.runtime.tiers.get(row["tier_id"])
-        self.tiers.return_home()  # decide as a job of its own tier from here on
-        if read.queued is not None:
-            waiting = read.queued
+        self.tiers.serve(used_ms, order.ladder())  # a promoted job served enough goes home
         return decide_at_boundary(
             Boundary(
                 done=done,
                 job_rank=self.tiers.current.rank,
                 waiting_by_rank=waiting,
+                outranked_by=read.outranked_by,
                 pending_action=PendingAction(row["pending_action"]),
                 past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
                 shutting_down=self.runtime.shutting_down(),
@@ -115,15 +120,16 @@ class SliceBoundary:
         return False
 
     def _read_boundary(self, done: bool, cut_short: bool) -> BoundaryRead:
-        """What a boundary decides from: the broker's queue lengths, the job's row, and the
-        database's queued counts when the broker says someone waits ahead (it may hold stale or
-        duplicate messages that would cause a needless switch)."""
+        """What a boundary decides from: the broker's queue lengths, the job's row, and, when
+        the broker says someone waits, the order in the database (the broker may hold stale or
+        duplicate messages, and knows nothing of service levels or shares)."""
         waiting = [] if done else self._waiting_by_rank(self.tiers.home.rank, cut_short)
         row = hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
-        queued = None
-        if not cut_short and waiting_ahead(self.tiers.home.rank, waiting):
-            queued = hot_sql.queued_by_rank(self.tiers.home.rank, len(waiting))
-        return BoundaryRead(waiting, row, queued)
+        outranked_by = None
+        if not cut_short and any(waiting):
+            first = order.displacing(self.job_id, self.runtime.gpu_count(), serving_ms=self.slice_ms)
+            outranked_by = order.describe(first) if first is not None else None
+        return BoundaryRead(waiting, row, outranked_by)
 
     def _prefetch_boundary(self) -> BoundaryRead:
         """`_read_boundary` for a slice that ends on time, on the runtime's reader thread. When the
@@ -134,7 +140,7 @@ class SliceBoundary:
             began = time.perf_counter()
             read = self._read_boundary(done=False, cut_short=False)
             self.runtime.boundary_read_s = ewma(self.runtime.boundary_read_s, time.perf_counter() - began)
-            if read.queued is not None and waiting_ahead(self.tiers.home.rank, read.queued):
+            if read.outranked_by is not None:
                 name = self.checkpoints.next_name()
                 if self.runtime.persister.mark(self.job_id, name):
                     read = replace(read, marked=(name, time.monotonic()))

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 from django.db.models import F
 from django.utils import timezone
 
-from clockq.bus import counters
-from clockq.jobs import hot_sql
+from clockq.bus import counters, dispatch
+from clockq.jobs import hot_sql, order
 from clockq.jobs.models import Job
 from clockq.jobs.transitions import transition
 from clockq.policy.service_levels import WaitVerdict, judge_wait
@@ -34,11 +34,13 @@ class ClaimedJob:
     dispatch_token: str
     owner_id: int
     tier_id: int
-    original_tier_id: int  # its own tier; differs while promoted for one slice
+    original_tier_id: int  # its own tier; differs while promoted
     workload: str
     params: dict[str, Any]
     deadline: datetime | None
     progress: float
+    run_ms: int  # its service so far
+    promoted_run_ms: int | None  # its service when it was promoted (None if it never was)
     checkpoint_generation: int  # the highest ever named
     checkpoint_files: list[str]  # what to restore from, newest first
     checkpoint_bytes: int
@@ -55,6 +57,8 @@ class ClaimedJob:
         "params",
         "deadline",
         "progress",
+        "run_ms",
+        "promoted_run_ms",
         "checkpoint_generation",
         "checkpoint_files",
         "checkpoint_bytes",
@@ -67,12 +71,47 @@ _CLAIM_ONLY_FIELDS = ("state", "enqueued_at", "submitted_at", "first_started_at"
 
 
 def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
-    """Take a queued job for this worker. None if the message is stale, or the job cannot run
-    here (its deadline passed, or it does not fit in this GPU's free memory)."""
-    row = hot_sql.select_one(Job, job_id, (*ClaimedJob.FIELDS, *_CLAIM_ONLY_FIELDS))
-    if row is None or row["state"] != JobState.QUEUED or row["dispatch_token"] != token:
+    """Take a queued job for this worker: the one that comes first in the order
+    (clockq/jobs/order.py), which the message woke this worker for. None if the message is
+    stale, or the job cannot run here (its deadline passed, or it does not fit in this GPU's
+    free memory)."""
+    row = _queued_row(job_id, token)
+    if row is None:
         log.info("job %s: dropping stale message (token %s)", job_id, token[:8])
         return None
+    best = order.next_for_gpu(runtime.gpu_count())
+    if best is not None and best.standing.job_id != job_id:
+        other = _queued_row(best.standing.job_id, best.token)
+        claimed = _claim_row(other, runtime) if other is not None else None
+        if claimed is not None:
+            # The message's own job is still queued and needs its wake-up back. Not announced as
+            # a new RT job: the RT count already holds it.
+            _send_again(job_id, token, runtime.tiers.get(row["tier_id"]).queue_name)
+            return claimed
+        # Another worker took it first, or it ended or stayed queued at its claim: take ours.
+        row = _queued_row(job_id, token)
+        if row is None:
+            return None
+    return _claim_row(row, runtime)
+
+
+def _queued_row(job_id: int, token: str) -> dict[str, Any] | None:
+    row = hot_sql.select_one(Job, job_id, (*ClaimedJob.FIELDS, *_CLAIM_ONLY_FIELDS))
+    if row is None or row["state"] != JobState.QUEUED or row["dispatch_token"] != token:
+        return None
+    return row
+
+
+def _send_again(job_id: int, token: str, queue_name: str) -> None:
+    try:
+        dispatch.send_run_slice(job_id, token, queue_name)
+    except Exception as exc:  # the broker may be down: the job is queued, the reconciler resends
+        log.warning("job %s: could not send its wake-up again (%s); the reconciler will", job_id, exc)
+
+
+def _claim_row(row: dict[str, Any], runtime: Runtime) -> ClaimedJob | None:
+    """The claim's compare-and-set from QUEUED to RUNNING on a row just read, or its end."""
+    job_id, token = row["id"], row["dispatch_token"]
     now = timezone.now()
     worker = runtime.identity
     if row["deadline"] and now >= row["deadline"]:

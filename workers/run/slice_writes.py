@@ -16,7 +16,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from clockq.bus import counters
-from clockq.jobs import hot_sql
+from clockq.jobs import hot_sql, order
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.jobs.transitions import transition
 from clockq.policy.slicing import SliceOutcome
@@ -47,6 +47,7 @@ class SliceWrites:
         metrics: MetricsRecorder,
     ):
         self.job_id = job.id
+        self.owner_id = job.owner_id
         self.token = job.dispatch_token
         self.runtime = runtime
         self.tiers = tiers
@@ -69,6 +70,7 @@ class SliceWrites:
         after the one that took it are marked rolled back."""
         updates = {**self._progress_fields(record), **extra}  # before the return is noted
         with transaction.atomic():
+            self._count_service(record)
             self._note_return()
             changed = transition(
                 self.job_id,
@@ -100,6 +102,7 @@ class SliceWrites:
             )
             if updated != 1:
                 raise LostOwnership("job changed under this worker")
+            self._count_service(record)
             self._note_return()
             if checkpointed:
                 self.metrics.save()
@@ -126,12 +129,19 @@ class SliceWrites:
         }
         if self.tiers.returning_from is not None:
             fields["tier_id"] = self.tiers.home.id
+            fields["promoted_run_ms"] = None
         return fields
+
+    def _count_service(self, record: SliceRecord) -> None:
+        """The slice's service in its owner's share of the tier it was scheduled in (fair share)."""
+        tier = self.tiers.returning_from or self.tiers.current
+        order.add_service(self.owner_id, tier.id, record.used_ms, timezone.now())
 
     def _note_return(self) -> None:
         """In the transaction that wrote the return."""
         if self.tiers.returning_from is not None:
-            self.note(f"returned to {self.tiers.home.code} after one slice in {self.tiers.returning_from.code}")
+            home, there = self.tiers.home.code, self.tiers.returning_from.code
+            self.note(f"returned to {home} after {self.tiers.served_ms / 1000:.1f} s of service in {there}")
             self.tiers.returning_from = None
 
     def _save_slice(self, record: SliceRecord, outcome: SliceOutcome, ended_at: datetime | None = None) -> None:

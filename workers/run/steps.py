@@ -81,7 +81,7 @@ class StepLoop:
         budget_s = record.plan.ms / 1000.0
         step_s = 0.0  # the last step's length: the next one is likely as long
         done = False
-        self.boundary.new_slice()
+        self.boundary.new_slice(record.plan.ms)
         self.runtime.sampler.start()
         try:
             with workload_errors():

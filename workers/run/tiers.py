@@ -1,13 +1,15 @@
 """Which tier a running job belongs to: the one it runs in now, and its own.
 
-A promoted job runs one slice in the higher tier, then returns to its own (home) tier; the next
-write of the job says so, and its history with it.
+A promoted job is scheduled in the higher tier until it has had a fair amount of service there
+(`Ladder.promotion_service`: the first rung of that tier's ladder), then returns to its own
+(home) tier; the next write of the job says so, and its history with it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clockq.policy.ordering import Ladder
 from workers.run.claim import ClaimedJob
 from workers.runtime import TierCache, TierInfo
 
@@ -15,14 +17,28 @@ from workers.runtime import TierCache, TierInfo
 @dataclass
 class RunTiers:
     current: TierInfo  # plans its slices, ranks it at a boundary, names the queue it goes back to
-    home: TierInfo  # its own: whom it makes way for is reckoned from it, and its slices count in it
+    home: TierInfo  # its own: its slices count in it
     returning_from: TierInfo | None = None  # set until the return is written
+    served_ms: float = 0.0  # its service in `current` since its promotion (while promoted)
 
     @classmethod
     def of(cls, job: ClaimedJob, tiers: TierCache) -> RunTiers:
-        return cls(current=tiers.get(job.tier_id), home=tiers.get(job.original_tier_id))
+        served = job.run_ms - (job.promoted_run_ms if job.promoted_run_ms is not None else job.run_ms)
+        return cls(current=tiers.get(job.tier_id), home=tiers.get(job.original_tier_id), served_ms=max(served, 0))
+
+    @property
+    def promoted(self) -> bool:
+        return self.current.id != self.home.id
+
+    def serve(self, used_ms: float, ladder: Ladder) -> None:
+        """Count a slice's service; a promoted job that has had its fair amount goes home."""
+        if not self.promoted:
+            return
+        self.served_ms += used_ms
+        if self.served_ms >= ladder.promotion_service(self.current.rank) * 1000:
+            self.return_home()
 
     def return_home(self) -> None:
-        """After its one slice in a higher tier, a promoted job belongs to its own tier again."""
-        if self.current.id != self.home.id:
+        """A promoted job belongs to its own tier again."""
+        if self.promoted:
             self.returning_from, self.current = self.current, self.home

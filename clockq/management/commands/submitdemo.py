@@ -4,7 +4,7 @@ dashboard (/dashboard) shows the scheduler at work within a minute or two:
 - HP fine-tunes, one more than there are GPUs, so that every GPU stays busy and HP jobs take
   turns (a switch at every slice end) for a few minutes;
 - SP training jobs starved behind them: each promotion tick (every 10 s) in which they get no
-  slice is a skipped round, and after 3 the tick promotes them to HP for one slice, again and
+  slice is a skipped round, and after 3 the tick promotes them to HP for a rung of service, again and
   again while the HP work lasts (▲ and ★ on the slice timeline);
 - RT inference arriving in waves while the GPUs are busy: a running job makes way at its next
   step (✕);

@@ -1,0 +1,207 @@
+"""The live order: the queued and running jobs as clockq.policy.ordering sees them.
+
+A dispatch message is a wake-up: the worker that takes one claims the job that comes first in
+the order (`next_for_gpu`), and a running job leaves its GPU at a slice boundary only for a
+waiting job that the order puts before it (`displacing`). Both read the database, the one
+truth: the broker's queues hold wake-ups in tier order and say nothing of service or shares.
+
+What the order is made of, per job: its service level (its run time on the ladder of the tier
+it is scheduled in, `CLOCKQ_SERVICE_LADDER_S`), its tier, whether it is promoted, its owner's
+share of recent service in that tier (`UserShare`) and its id, which is its first submission's
+place (a job that yields keeps it). A promoted job's service in its new tier counts from its
+promotion (`promoted_run_ms`), and it goes home once that is `Ladder.promotion_service`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+
+from clockq.jobs.hot_sql import column, table
+from clockq.jobs.models import Job, QueueTier, UserShare
+from clockq.policy import ordering
+from clockq.policy.states import JobState
+from clockq.policy.tiers import TIERS
+
+# User shares count service as 2 ** (t / half-life) from this moment (`ordering.share_weight`),
+# so that a stored share never needs to decay. A float holds that for 1,000 half-lives, some 19
+# years at the default 7 days.
+SHARE_EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A queued job at the head of its tier, as the order sees it, and how to claim it."""
+
+    standing: ordering.Standing
+    token: str
+    queue_name: str
+
+
+@dataclass(frozen=True)
+class Running:
+    standing: ordering.Standing
+    switch_cost_s: float
+    served_ms: int  # its service in the tier it is scheduled in, as written at its last boundary
+
+
+@functools.cache
+def _ladder(rungs: tuple[float, ...]) -> ordering.Ladder:
+    return ordering.Ladder(base_gpu_s=rungs)
+
+
+def ladder() -> ordering.Ladder:
+    return _ladder(tuple(settings.CLOCKQ_SERVICE_LADDER_S))
+
+
+def heads() -> list[Waiting | None]:
+    """The best queued job of each tier (by `ordering.order_key`), most urgent tier first."""
+    found: list[Waiting | None] = [None] * ladder().tiers
+    with connection.cursor() as cursor:
+        cursor.execute(_heads_sql(connection.vendor, ladder()), [str(JobState.QUEUED)])
+        for job_id, token, rank, queue_name, level, promoted, share in cursor.fetchall():
+            if 0 <= rank < len(found):
+                found[rank] = Waiting(_standing(job_id, rank, level, promoted, share), token, queue_name)
+    return found
+
+
+def running() -> list[Running]:
+    """Every running job, with its measured switch cost (the cost of making way)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_running_sql(connection.vendor, ladder()), [str(JobState.RUNNING)])
+        return [
+            Running(_standing(job_id, rank, level, promoted, share), (cost_ms or 0.0) / 1000, int(served))
+            for job_id, rank, level, promoted, share, cost_ms, served in cursor.fetchall()
+        ]
+
+
+def next_for_gpu(total_gpus: int) -> Waiting | None:
+    """The queued job a free GPU takes: the first in the order, or the best-effort tiers' best
+    while they hold less than their bounded share (`ordering.pick_next`)."""
+    waiting = heads()
+    held = sum(r.standing.gpus for r in running() if ordering.in_lower_share(r.standing.rank))
+    standings = [w.standing if w else None for w in waiting]
+    best = ordering.pick_next(standings, held_by_lower=held, total_gpus=max(total_gpus, 1), free_gpus=1)
+    return waiting[best] if best is not None else None
+
+
+def displacing(job_id: int, total_gpus: int, serving_ms: float = 0.0) -> Waiting | None:
+    """The waiting job that running job `job_id` should leave its GPU to now, or None
+    (`ordering.makes_way_for`). None too if the job is not running. `serving_ms` is the
+    service of the slice it is ending, which its row does not count yet: it is judged at the
+    level it has once the slice is written."""
+    now_running = running()
+    me = next((i for i, r in enumerate(now_running) if r.standing.job_id == job_id), None)
+    if me is None:
+        return None
+    mine = now_running[me]
+    level = ladder().level(mine.standing.rank, (mine.served_ms + serving_ms) / 1000)
+    now_running[me] = dataclasses.replace(mine, standing=dataclasses.replace(mine.standing, level=level))
+    waiting = heads()
+    best = ordering.makes_way_for(
+        me,
+        [r.standing for r in now_running],
+        [r.switch_cost_s for r in now_running],
+        [w.standing if w else None for w in waiting],
+        total_gpus=max(total_gpus, len(now_running)),
+    )
+    return waiting[best] if best is not None else None
+
+
+def describe(w: Waiting) -> str:
+    s = w.standing
+    promoted = ", promoted" if s.promoted else ""
+    return f"job #{s.job_id} ({TIERS[s.rank].code}{promoted}, service level {s.level})"
+
+
+def add_service(owner_id: int, tier_id: int, gpu_ms: float, at: dt.datetime) -> None:
+    """Count `gpu_ms` of service given at `at` in the user's share of the tier."""
+    if gpu_ms <= 0:
+        return
+    weighted = gpu_ms / 1000 * ordering.share_weight((at - SHARE_EPOCH).total_seconds())
+    share = UserShare.objects.filter(user_id=owner_id, tier_id=tier_id)
+    if share.update(weighted_gpu_s=F("weighted_gpu_s") + weighted):
+        return
+    with transaction.atomic():  # a savepoint: a first slice of the user's elsewhere may win the insert
+        _, created = UserShare.objects.get_or_create(
+            user_id=owner_id, tier_id=tier_id, defaults={"weighted_gpu_s": weighted}
+        )
+    if not created:
+        share.update(weighted_gpu_s=F("weighted_gpu_s") + weighted)
+
+
+def _standing(job_id: int, rank: int, level: int, promoted: int, share: float) -> ordering.Standing:
+    # The id stands for the first submit time: ids are given in submission order, and kept.
+    return ordering.Standing(
+        rank=int(rank),
+        level=int(level),
+        user_share_gpu_s=float(share or 0.0),
+        submitted=float(job_id),
+        job_id=int(job_id),
+        promoted=bool(promoted),
+    )
+
+
+# --- SQL, once per shape (vendor and ladder) -------------------------------------------------------
+
+
+def _served_sql() -> str:
+    """A job's service in the tier it is scheduled in: since its promotion, if promoted."""
+    run_ms = f"j.{column(Job, 'run_ms')}"
+    since = f"COALESCE(j.{column(Job, 'promoted_run_ms')}, {run_ms})"
+    return f"(CASE WHEN {_promoted_sql()} = 1 THEN {run_ms} - {since} ELSE {run_ms} END)"
+
+
+def _level_sql(ladder: ordering.Ladder) -> str:
+    """A job's service level: its service in the tier it is scheduled in against that tier's
+    rungs (`Ladder.level`)."""
+    served, rank = _served_sql(), f"t.{column(QueueTier, 'rank')}"
+    by_rank = []
+    for r in range(ladder.tiers):
+        steps = " ".join(f"WHEN {served} < {rung * 1000!r} THEN {i}" for i, rung in enumerate(ladder.rungs(r)))
+        by_rank.append(f"WHEN {r} THEN CASE {steps} ELSE {len(ladder.rungs(r))} END")
+    return f"CASE {rank} {' '.join(by_rank)} ELSE 0 END"
+
+
+def _promoted_sql() -> str:
+    return f"CASE WHEN j.{column(Job, 'tier_id')} <> j.{column(Job, 'original_tier_id')} THEN 1 ELSE 0 END"
+
+
+def _from_sql() -> str:
+    tier_id, owner_id = column(Job, "tier_id"), column(Job, "owner_id")
+    return (
+        f"FROM {table(Job)} j JOIN {table(QueueTier)} t ON t.{column(QueueTier, 'id')} = j.{tier_id} "
+        f"LEFT JOIN {table(UserShare)} s ON s.{column(UserShare, 'user_id')} = j.{owner_id} "
+        f"AND s.{column(UserShare, 'tier_id')} = j.{tier_id} "
+        f"WHERE j.{column(Job, 'state')} = %s"
+    )
+
+
+@functools.cache
+def _heads_sql(_vendor: str, ladder: ordering.Ladder) -> str:
+    share = f"COALESCE(s.{column(UserShare, 'weighted_gpu_s')}, 0)"
+    inner = (
+        f"SELECT j.{column(Job, 'id')} AS id, j.{column(Job, 'dispatch_token')} AS token, "
+        f"t.{column(QueueTier, 'rank')} AS rnk, t.{column(QueueTier, 'queue_name')} AS queue, "
+        f"{_level_sql(ladder)} AS lvl, {_promoted_sql()} AS promoted, {share} AS share {_from_sql()}"
+    )
+    numbered = (
+        "SELECT id, token, rnk, queue, lvl, promoted, share, ROW_NUMBER() OVER "
+        f"(PARTITION BY rnk ORDER BY lvl, promoted, share, id) AS place FROM ({inner}) q"
+    )
+    return f"SELECT id, token, rnk, queue, lvl, promoted, share FROM ({numbered}) n WHERE place = 1"
+
+
+@functools.cache
+def _running_sql(_vendor: str, ladder: ordering.Ladder) -> str:
+    share = f"COALESCE(s.{column(UserShare, 'weighted_gpu_s')}, 0)"
+    return (
+        f"SELECT j.{column(Job, 'id')}, t.{column(QueueTier, 'rank')}, {_level_sql(ladder)}, {_promoted_sql()}, "
+        f"{share}, j.{column(Job, 'switch_cost_ms')}, {_served_sql()} {_from_sql()}"
+    )

@@ -1,0 +1,85 @@
+"""The order (clockq/policy/ordering.py) on real GPU worker processes, through a real broker:
+service levels, fair share between users, the victim a waiting job takes, and no turns within
+a class."""
+
+from __future__ import annotations
+
+import pytest
+
+from clockq.jobs.models import Job, JobEvent
+from clockq.policy.ordering import BASE_LADDER_GPU_S
+from tests.harness import wait_for
+from tests.helpers import submit, wait_finished
+
+pytestmark = pytest.mark.integration
+
+
+def _started(job: Job, slices: int = 1) -> None:
+    wait_for(
+        lambda: Job.objects.get(pk=job.pk).slice_count >= slices, 30, what=f"job {job.pk} to run {slices} slice(s)"
+    )
+
+
+def test_new_jobs_start_before_a_long_served_one_finishes_urgent_tier_first(start_workers, alice):
+    start_workers(gpus=1)
+    long = submit(alice, "SP", "long", steps=150, step_ms=10, state_kb=4)
+    _started(long, slices=6)  # 300 ms of service: level 4 of SP's ladder in tests (tests.helpers.SHORT_LADDER)
+    sp = submit(alice, "SP", "new-sp", steps=2, step_ms=5)
+    bk = submit(alice, "BK", "new-bk", steps=2, step_ms=5)
+
+    long, sp, bk = wait_finished(long, sp, bk)  # in id order
+
+    assert {long.state, bk.state, sp.state} == {"succeeded"}
+    # Both new jobs are at level 0: they come before the long one, and SP before BK
+    assert sp.first_started_at < bk.first_started_at < long.finished_at
+    assert long.slices.filter(outcome="yielded").exists()
+    reasons = JobEvent.objects.filter(job=long, from_state="running", to_state="queued").values_list(
+        "reason", flat=True
+    )
+    assert any(f"made way for job #{sp.pk} (SP, service level 0)" in r for r in reasons), list(reasons)
+
+
+def test_within_a_class_the_first_come_keeps_its_gpu(start_workers, alice, settings):
+    # With the default ladder no job of a test passes a rung: all are of one class, and nobody
+    # takes turns (processor sharing would slow both and finish neither sooner).
+    settings.CLOCKQ_SERVICE_LADDER_S = list(BASE_LADDER_GPU_S)
+    start_workers(gpus=1)
+    first = submit(alice, "SP", "first", steps=40, step_ms=10, state_kb=4)
+    _started(first)
+    second = submit(alice, "SP", "second", steps=5, step_ms=10, state_kb=4)
+
+    first, second = wait_finished(first, second)
+
+    assert not first.slices.filter(outcome="yielded").exists()
+    assert first.finished_at <= second.first_started_at
+
+
+def test_a_user_with_one_job_goes_before_a_user_with_many(start_workers, alice, bob, settings):
+    settings.CLOCKQ_SERVICE_LADDER_S = list(BASE_LADDER_GPU_S)  # one class: only the share orders them
+    start_workers(gpus=1)
+    bobs = [submit(bob, "BK", f"bob-{i}", steps=6, step_ms=10) for i in range(5)]
+    _started(bobs[0])  # bob now has service in BK
+    alices = submit(alice, "BK", "alice-1", steps=6, step_ms=10)
+
+    finished = wait_finished(alices, *bobs)
+
+    alices, bobs = finished[0], finished[1:]
+    assert all(j.state == "succeeded" for j in finished)
+    # Submitted after all of bob's, alice's job starts right after the one that was running
+    assert all(alices.first_started_at < b.first_started_at for b in bobs[1:])
+
+
+def test_the_job_furthest_back_in_the_order_makes_way(start_workers, alice):
+    start_workers(gpus=2)
+    sp = submit(alice, "SP", "sp", steps=300, step_ms=10, state_kb=4)
+    bk = submit(alice, "BK", "bk", steps=300, step_ms=10, state_kb=4)
+    _started(sp, slices=4)
+    _started(bk, slices=4)
+    # Both have passed rungs; BK's ladder is the shorter, so it is placed further back
+    hp = submit(alice, "HP", "hp", steps=2, step_ms=5)
+
+    wait_for(lambda: Job.objects.get(pk=hp.pk).state == "succeeded", 30, what="the HP job to finish")
+
+    made_way = JobEvent.objects.filter(reason__contains=f"made way for job #{hp.pk} ").values_list("job_id", flat=True)
+    assert list(made_way) == [bk.pk]
+    assert all(j.state == "succeeded" for j in wait_finished(sp, bk))
