@@ -25,9 +25,10 @@ What runs live, and in the simulator (`plan.convert`):
 - **No deadlines.** Deadlines are dropped on both sides: a compressed deadline of a few seconds
   would test the SLO check's 10 s tick rather than the schedule. Tier start timeouts (RT: 1 s)
   still apply on both sides.
-- **Order.** The simulator orders jobs by `clockq.policy.ordering` (service levels, no turns
-  within a level). The live worker still takes turns within a tier, slice by slice, until it
-  claims by the same keys, so the two orders differ for jobs of one tier that wait together.
+- **Order.** Both order jobs by `clockq.policy.ordering` (service levels, no turns within a
+  class); the live workers read the standings from the database (clockq/jobs/order.py). The
+  live service ladder is CLOCKQ_SERVICE_LADDER_S: for a compressed replay, compress it by the
+  same factor as the trace, or the levels of the two sides differ.
 
 Where the two usually differ, and why:
 

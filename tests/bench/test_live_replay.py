@@ -33,6 +33,7 @@ import pytest
 
 from bench import live_replay as live
 from clockq.jobs import workloads
+from clockq.policy.ordering import BASE_LADDER_GPU_S
 from clockq.replay import traces
 from clockq.replay.config import Config
 from clockq.replay.model import JobResult, RunResult, Trace, TraceJob
@@ -297,9 +298,14 @@ def test_the_script_refuses_a_run_without_a_token_before_it_submits_anything(mon
 
 
 @pytest.mark.integration
-def test_live_mode_agrees_with_the_simulator_on_the_start_order_of_a_small_trace(alice, start_workers, live_server):
+def test_live_mode_agrees_with_the_simulator_on_the_start_order_of_a_small_trace(
+    alice, start_workers, live_server, settings
+):
     from knox.models import AuthToken
 
+    # The simulator's ladder (the default): the suite's short one would order live jobs by
+    # service levels the simulator does not see.
+    settings.CLOCKQ_SERVICE_LADDER_S = list(BASE_LADDER_GPU_S)
     start_workers(2)
     _instance, token = AuthToken.objects.create(user=alice)
     trace = traces.load(str(FIXTURE), "csv")
