@@ -77,26 +77,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 
 def env_int_list(name: str, default: list[int], *, min_value: int, max_value: int) -> list[int]:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        values = [int(part) for part in raw.split(",")]
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a comma list of integers") from None
-    if any(not min_value <= v <= max_value for v in values):
-        raise ImproperlyConfigured(f"{name}={raw!r}: each value must be between {min_value} and {max_value}")
-    return values
+    return _env_list(name, default, int, "integers", min_value, max_value)
 
 
 def env_float_list(name: str, default: list[float], *, min_value: float, max_value: float) -> list[float]:
+    return _env_list(name, default, float, "numbers", min_value, max_value)
+
+
+def _env_list(name, default, parse, kind: str, min_value, max_value):
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        values = [float(part) for part in raw.split(",")]
+        values = [parse(part) for part in raw.split(",")]
     except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a comma list of numbers") from None
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a comma list of {kind}") from None
     if any(not min_value <= v <= max_value for v in values):
         raise ImproperlyConfigured(f"{name}={raw!r}: each value must be between {min_value} and {max_value}")
     return values

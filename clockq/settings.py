@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import os
 import re
 from datetime import timedelta
@@ -27,7 +26,7 @@ from clockq.env import (
     persistent_secret,
 )
 from clockq.policy import control as _control
-from clockq.policy.ordering import BASE_LADDER_GPU_S
+from clockq.policy.ordering import BASE_LADDER_GPU_S, Ladder
 from clockq.policy.tiers import QUEUES_IN_ORDER
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -341,8 +340,10 @@ CLOCKQ_MAX_SLICE_MS = env_int("CLOCKQ_MAX_SLICE_MS", 5000, min_value=1, max_valu
 CLOCKQ_SERVICE_LADDER_S = env_float_list(
     "CLOCKQ_SERVICE_LADDER_S", list(BASE_LADDER_GPU_S), min_value=0.001, max_value=1e12
 )
-if any(a >= b for a, b in itertools.pairwise(CLOCKQ_SERVICE_LADDER_S)):
-    raise ImproperlyConfigured(f"CLOCKQ_SERVICE_LADDER_S={CLOCKQ_SERVICE_LADDER_S}: the rungs must increase")
+try:
+    Ladder(base_gpu_s=tuple(CLOCKQ_SERVICE_LADDER_S))
+except ValueError as exc:
+    raise ImproperlyConfigured(f"CLOCKQ_SERVICE_LADDER_S={CLOCKQ_SERVICE_LADDER_S}: {exc}") from None
 # Snapshot, then persist: a checkpoint is copied into host memory (the snapshot) and the GPU goes
 # to the next job; a background thread writes it. Snapshots in flight hold at most this much host
 # memory per worker; past it, the next checkpoint is written before the GPU is handed over.

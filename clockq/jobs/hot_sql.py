@@ -25,8 +25,7 @@ from django.db.models import F, Value
 from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 
-from clockq.jobs.models import Job, QueueTier, UserQuota
-from clockq.policy.states import JobState
+from clockq.jobs.models import Job, UserQuota
 
 Row = dict[str, Any]
 
@@ -232,23 +231,4 @@ def _quota_read_sql(states: int, _vendor: str) -> str:
         f"SELECT ({own_limit.format(max_active)}), ({own_limit.format(max_mb)}), "
         f"(SELECT COUNT(*) FROM ({capped}) capped), SUM({checkpoints}), SUM({results}) "
         f"FROM {job} WHERE {owner} = %s AND ({checkpoints} > 0 OR {results} > 0)"
-    )
-
-
-def queued_by_rank(max_rank: int, ranks: int) -> list[int]:
-    """Jobs queued in the database per tier rank 0..max_rank, as a list of `ranks` counts (0
-    past max_rank): what confirms the broker's queue lengths at a slice boundary."""
-    sql = _queued_sql(connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [str(JobState.QUEUED), max_rank])
-        counts = dict(cursor.fetchall())
-    return [int(counts.get(r, 0)) for r in range(ranks)]
-
-
-@_once
-def _queued_sql(_vendor: str) -> str:
-    rank, tier_id = column(QueueTier, "rank"), column(Job, "tier_id")
-    return (
-        f"SELECT t.{rank}, COUNT(*) FROM {table(Job)} j JOIN {table(QueueTier)} t ON t.{column(QueueTier, 'id')} = "
-        f"j.{tier_id} WHERE j.{column(Job, 'state')} = %s AND t.{rank} <= %s GROUP BY t.{rank}"
     )

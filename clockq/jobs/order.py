@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 
+from clockq.jobs import hot_sql
 from clockq.jobs.hot_sql import column, table
 from clockq.jobs.models import Job, QueueTier, UserShare
 from clockq.policy import ordering
@@ -41,7 +42,6 @@ class Waiting:
 
     standing: ordering.Standing
     token: str
-    queue_name: str
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ def heads() -> list[Waiting | None]:
     found: list[Waiting | None] = [None] * ladder().tiers
     with connection.cursor() as cursor:
         cursor.execute(_heads_sql(connection.vendor, ladder()), [str(JobState.QUEUED)])
-        for job_id, token, rank, queue_name, level, promoted, share in cursor.fetchall():
+        for job_id, token, rank, level, promoted, share in cursor.fetchall():
             if 0 <= rank < len(found):
-                found[rank] = Waiting(_standing(job_id, rank, level, promoted, share), token, queue_name)
+                found[rank] = Waiting(_standing(job_id, rank, level, promoted, share), token)
     return found
 
 
@@ -125,15 +125,14 @@ def add_service(owner_id: int, tier_id: int, gpu_ms: float, at: dt.datetime) -> 
     if gpu_ms <= 0:
         return
     weighted = gpu_ms / 1000 * ordering.share_weight((at - SHARE_EPOCH).total_seconds())
-    share = UserShare.objects.filter(user_id=owner_id, tier_id=tier_id)
-    if share.update(weighted_gpu_s=F("weighted_gpu_s") + weighted):
+    # Every slice boundary runs this: the statement written once (hot_sql), as the boundary's others.
+    key, grow = {"user_id": owner_id, "tier_id": tier_id}, {"weighted_gpu_s": F("weighted_gpu_s") + weighted}
+    if hot_sql.update(UserShare, key, grow):
         return
     with transaction.atomic():  # a savepoint: a first slice of the user's elsewhere may win the insert
-        _, created = UserShare.objects.get_or_create(
-            user_id=owner_id, tier_id=tier_id, defaults={"weighted_gpu_s": weighted}
-        )
+        _, created = UserShare.objects.get_or_create(**key, defaults={"weighted_gpu_s": weighted})
     if not created:
-        share.update(weighted_gpu_s=F("weighted_gpu_s") + weighted)
+        hot_sql.update(UserShare, key, grow)
 
 
 def _standing(job_id: int, rank: int, level: int, promoted: int, share: float) -> ordering.Standing:
@@ -188,14 +187,14 @@ def _heads_sql(_vendor: str, ladder: ordering.Ladder) -> str:
     share = f"COALESCE(s.{column(UserShare, 'weighted_gpu_s')}, 0)"
     inner = (
         f"SELECT j.{column(Job, 'id')} AS id, j.{column(Job, 'dispatch_token')} AS token, "
-        f"t.{column(QueueTier, 'rank')} AS rnk, t.{column(QueueTier, 'queue_name')} AS queue, "
+        f"t.{column(QueueTier, 'rank')} AS rnk, "
         f"{_level_sql(ladder)} AS lvl, {_promoted_sql()} AS promoted, {share} AS share {_from_sql()}"
     )
     numbered = (
-        "SELECT id, token, rnk, queue, lvl, promoted, share, ROW_NUMBER() OVER "
+        "SELECT id, token, rnk, lvl, promoted, share, ROW_NUMBER() OVER "
         f"(PARTITION BY rnk ORDER BY lvl, promoted, share, id) AS place FROM ({inner}) q"
     )
-    return f"SELECT id, token, rnk, queue, lvl, promoted, share FROM ({numbered}) n WHERE place = 1"
+    return f"SELECT id, token, rnk, lvl, promoted, share FROM ({numbered}) n WHERE place = 1"
 
 
 @functools.cache

@@ -95,17 +95,6 @@ def test_insert_fills_defaults_and_auto_now(alice):
         hot_sql.insert(JobEvent, {"job_id": job.pk, "color": "red"})
 
 
-def test_queued_by_rank_counts_what_the_orm_counts(alice):
-    for tier, n in (("RT", 1), ("SP", 3), ("BK", 2)):
-        for _ in range(n):
-            submit(alice, tier, "q")
-    Job.objects.filter(pk=submit(alice, "SP", "running").pk).update(state="running")
-
-    ranks = {t.code: t.rank for t in QueueTier.objects.all()}
-    assert hot_sql.queued_by_rank(ranks["SP"], 5) == [1, 0, 3, 0, 0]
-    assert hot_sql.queued_by_rank(ranks["BK"], 5) == [1, 0, 3, 0, 2]
-
-
 def test_quota_read_reads_what_the_orm_reads(alice, bob):
     from clockq.jobs import quotas
 

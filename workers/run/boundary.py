@@ -77,7 +77,7 @@ class SliceBoundary:
         if self.prefetch is None:
             self.prefetch = self.runtime.boundary_reader.submit(self._prefetch_boundary)
 
-    def decide(self, done: bool, cut_short: bool, used_ms: float = 0.0) -> Decision:
+    def decide(self, done: bool, cut_short: bool, used_ms: float) -> Decision:
         """The policy's decision at this boundary, after a slice that ran `used_ms`.
         LostOwnership if the job is no longer ours."""
         read = self._prefetched() if not (done or cut_short) else None
