@@ -51,6 +51,9 @@ def test_env_helpers_refuse_bad_values(monkeypatch):
         ("REDIS_URL", "http://localhost", "REDIS_URL"),
         ("CLOCKQ_GPUS", "many", "CLOCKQ_GPUS"),
         ("CLOCKQ_MAX_RETRIES", "-1", "below the minimum"),
+        ("CLOCKQ_SERVICE_LADDER_S", "300,x", "is not a comma list of numbers"),
+        ("CLOCKQ_SERVICE_LADDER_S", "300,300", "strictly increasing"),
+        ("CLOCKQ_SERVICE_LADDER_S", "0,5", "each value must be between"),
     ],
 )
 def test_a_bad_setting_stops_startup_with_a_clear_error(name, value, message):
