@@ -5,11 +5,12 @@ the order (`next_for_gpu`), and a running job leaves its GPU at a slice boundary
 waiting job that the order puts before it (`displacing`). Both read the database, the one
 truth: the broker's queues hold wake-ups in tier order and say nothing of service or shares.
 
-What the order is made of, per job: its service level (its run time on the ladder of the tier
-it is scheduled in, `CLOCKQ_SERVICE_LADDER_S`), its tier, whether it is promoted, its owner's
-share of recent service in that tier (`UserShare`) and its id, which is its first submission's
-place (a job that yields keeps it). A promoted job's service in its new tier counts from its
-promotion (`promoted_run_ms`), and it goes home once that is `Ladder.promotion_service`.
+What the order is made of, per job: its service level (its whole run time on the ladder of the
+tier it is scheduled in, `CLOCKQ_SERVICE_LADDER_S`), its tier, whether it is promoted, its
+owner's share of recent service in that tier (`UserShare`) and its id, which is its first
+submission's place (a job that yields keeps it). A promoted job keeps its service: the promotion
+moves it up among jobs of its level, it does not make it new. It goes home once its service since
+the promotion (`promoted_run_ms`) is `Ladder.promotion_service` (workers/run/tiers.py).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Waiting:
 class Running:
     standing: ordering.Standing
     switch_cost_s: float
-    served_ms: int  # its service in the tier it is scheduled in, as written at its last boundary
+    run_ms: int  # its service, as written at its last boundary
 
 
 @functools.cache
@@ -76,8 +77,8 @@ def running() -> list[Running]:
     with connection.cursor() as cursor:
         cursor.execute(_running_sql(connection.vendor, ladder()), [str(JobState.RUNNING)])
         return [
-            Running(_standing(job_id, rank, level, promoted, share), (cost_ms or 0.0) / 1000, int(served))
-            for job_id, rank, level, promoted, share, cost_ms, served in cursor.fetchall()
+            Running(_standing(job_id, rank, level, promoted, share), (cost_ms or 0.0) / 1000, int(run_ms))
+            for job_id, rank, level, promoted, share, cost_ms, run_ms in cursor.fetchall()
         ]
 
 
@@ -101,7 +102,7 @@ def displacing(job_id: int, total_gpus: int, serving_ms: float = 0.0) -> Waiting
     if me is None:
         return None
     mine = now_running[me]
-    level = ladder().level(mine.standing.rank, (mine.served_ms + serving_ms) / 1000)
+    level = ladder().level(mine.standing.rank, (mine.run_ms + serving_ms) / 1000)
     now_running[me] = dataclasses.replace(mine, standing=dataclasses.replace(mine.standing, level=level))
     waiting = heads()
     best = ordering.makes_way_for(
@@ -150,20 +151,13 @@ def _standing(job_id: int, rank: int, level: int, promoted: int, share: float) -
 # --- SQL, once per shape (vendor and ladder) -------------------------------------------------------
 
 
-def _served_sql() -> str:
-    """A job's service in the tier it is scheduled in: since its promotion, if promoted."""
-    run_ms = f"j.{column(Job, 'run_ms')}"
-    since = f"COALESCE(j.{column(Job, 'promoted_run_ms')}, {run_ms})"
-    return f"(CASE WHEN {_promoted_sql()} = 1 THEN {run_ms} - {since} ELSE {run_ms} END)"
-
-
 def _level_sql(ladder: ordering.Ladder) -> str:
-    """A job's service level: its service in the tier it is scheduled in against that tier's
-    rungs (`Ladder.level`)."""
-    served, rank = _served_sql(), f"t.{column(QueueTier, 'rank')}"
+    """A job's service level: its whole service against the rungs of the tier it is scheduled
+    in (`Ladder.level`)."""
+    run_ms, rank = f"j.{column(Job, 'run_ms')}", f"t.{column(QueueTier, 'rank')}"
     by_rank = []
     for r in range(ladder.tiers):
-        steps = " ".join(f"WHEN {served} < {rung * 1000!r} THEN {i}" for i, rung in enumerate(ladder.rungs(r)))
+        steps = " ".join(f"WHEN {run_ms} < {rung * 1000!r} THEN {i}" for i, rung in enumerate(ladder.rungs(r)))
         by_rank.append(f"WHEN {r} THEN CASE {steps} ELSE {len(ladder.rungs(r))} END")
     return f"CASE {rank} {' '.join(by_rank)} ELSE 0 END"
 
@@ -202,5 +196,5 @@ def _running_sql(_vendor: str, ladder: ordering.Ladder) -> str:
     share = f"COALESCE(s.{column(UserShare, 'weighted_gpu_s')}, 0)"
     return (
         f"SELECT j.{column(Job, 'id')}, t.{column(QueueTier, 'rank')}, {_level_sql(ladder)}, {_promoted_sql()}, "
-        f"{share}, j.{column(Job, 'switch_cost_ms')}, {_served_sql()} {_from_sql()}"
+        f"{share}, j.{column(Job, 'switch_cost_ms')}, j.{column(Job, 'run_ms')} {_from_sql()}"
     )

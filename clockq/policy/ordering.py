@@ -18,17 +18,20 @@ its jobs in structures keyed by these functions' keys; the live system asks the 
   then the user's share of recent service in that tier (fair share: a user with 500 waiting
   jobs does not crowd out one with one), then the time the job was first submitted. A job that
   yields keeps its place: it re-enters with its first submit time, not the time it yielded.
-- **Promotion.** A promoted job is scheduled in the more urgent tier, at the level its service
-  there gives it (counted afresh), behind that tier's own jobs of the same level: it goes ahead
-  of its own tier, the tiers below and the higher tier's long-served jobs, but it never takes
-  the higher tier's promise from that tier's own new work. It keeps the promotion until it has
-  had the first rung of service there (`Ladder.promotion_service`).
+- **Promotion.** A promoted job is scheduled in the more urgent tier at the level its whole
+  service gives it on that tier's ladder, behind that tier's own jobs of the same level: it goes
+  ahead of the jobs of its level in its own tier and the tiers below, but it is not made new. A
+  promotion that counted service afresh made every long job that skipped three rounds a new
+  job, which displaced running work and was displaced again a rung later, round after round:
+  preemptions grew with the number of waiting jobs (docs/replay.md has the figures). It keeps
+  the promotion until it has had the first rung of service there since it was promoted
+  (`Ladder.promotion_service`).
 - **Making way.** A waiting job displaces a running one only if it comes before it in that
   order, and the victim leaves once it has had a planned slice (long enough, by
   `slicing.plan_slice`, to keep its switch within the overhead budget); for the urgent tiers
-  (RT and HP, `interrupts`) it leaves at once. For RT the cheapest switch goes first (its wait
-  is the victim's checkpoint); for others the job furthest back in the order, the cheapest
-  first among equals (`victim_key`, `pick_victim`).
+  (RT and HP, `interrupts`) it leaves at once. For them the cheapest switch among the jobs they
+  may displace goes first (their wait is the victim's checkpoint); for others the job furthest
+  back in the order, the cheapest first among equals (`victim_key`, `pick_victim`).
 - **Backfill.** A job that needs more GPUs than are free (a gang) holds its place; jobs behind
   it may use the free GPUs meanwhile, and make way for it after a slice (`may_backfill`).
 - **Lower tiers' share.** While jobs of the best-effort tiers (BP, BK) wait and hold less than
@@ -44,10 +47,14 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-# The ladder for the least urgent tier, in GPU-seconds: 5 GPU-minutes, then x8 per rung (40
-# GPU-minutes, 5.3 and 43 GPU-hours). Geometric rungs: a job's level tells the order of
-# magnitude of its service, whatever the trace's time scale.
-BASE_LADDER_GPU_S: tuple[float, ...] = (300.0, 2_400.0, 19_200.0, 153_600.0)
+# The ladder for the least urgent tier, in GPU-seconds: 5 GPU-minutes, then x4 per rung (20
+# and 80 GPU-minutes, 5.3, 21 and 85 GPU-hours). Geometric rungs: a job's level tells its
+# service within a factor of 4, whatever the trace's time scale. Finer rungs come nearer to
+# plain least-attained-service, which suits heavy-tailed run times (the longer a job has run,
+# the longer it is likely to run on), at the cost of a displacement at each rung a job crosses
+# while better work waits. x4 is where the replays found that balance (docs/replay.md): x8 cost
+# mean completion time under overload, x2 doubled the preemptions for little gain.
+BASE_LADDER_GPU_S: tuple[float, ...] = (300.0, 1_200.0, 4_800.0, 19_200.0, 76_800.0, 307_200.0)
 # Each step of urgency stretches the ladder (RT 2.44x, HP 1.95x, SP 1.56x, BP 1.25x, BK 1x with
 # five tiers); see the module docstring for why mild.
 WEIGHT_PER_RANK = 1.25
@@ -130,6 +137,12 @@ def order_key(s: Standing) -> Key:
     return (s.level, s.rank, s.promoted, s.user_share_gpu_s, s.submitted, s.job_id)
 
 
+def job_class(s: Standing) -> tuple[int, int, bool]:
+    """The class a job is displaced by: its level, its tier, and whether it is promoted. Jobs
+    of one class never displace one another (`outranks`)."""
+    return (s.level, s.rank, s.promoted)
+
+
 def outranks(waiting: Standing, running: Standing) -> bool:
     """Whether a waiting job is in a better class than a running one: a better level, else a
     more urgent tier, else its own tier's job against a promoted one. Within a class nobody
@@ -137,7 +150,7 @@ def outranks(waiting: Standing, running: Standing) -> bool:
     only across queues: taking turns within a class would be processor sharing, which slows
     every job of the class and makes none of them finish sooner. The user share is left out
     too: a job does not leave its GPU because its owner's share grew while it ran."""
-    return (waiting.level, waiting.rank, waiting.promoted) < (running.level, running.rank, running.promoted)
+    return job_class(waiting) < job_class(running)
 
 
 def may_displace(waiting: Standing, running: Standing) -> bool:
@@ -165,30 +178,35 @@ def leaves_at(*, now: float, got_gpus_at: float, slice_s: float, interrupt: bool
     return max(now, got_gpus_at + slice_s)
 
 
-def victim_key(running: Standing, switch_cost_s: float, *, for_rt: bool) -> tuple:
-    """Sort key of a running job as a victim: smaller makes way first. For RT the cheapest
-    switch (its wait is the victim's checkpoint); otherwise the job furthest back in the order,
-    the cheapest among equals."""
-    if for_rt:
-        return (switch_cost_s, -running.level, -running.rank, running.promoted, -running.submitted)
-    return (-running.level, -running.rank, not running.promoted, -running.submitted, switch_cost_s)
+def victim_key(running: Standing, switch_cost_s: float, *, by_cost: bool) -> tuple:
+    """Sort key of a running job as a victim: smaller makes way first. For an urgent tier
+    (`interrupts`, `by_cost`) the cheapest switch, since its wait is the victim's checkpoint;
+    otherwise the job furthest back in the order, the cheapest among equals. Ties: furthest
+    back in the order first."""
+    back = (-running.level, -running.rank, not running.promoted)
+    if by_cost:
+        return (switch_cost_s, *back, -running.submitted)
+    return (*back, switch_cost_s, -running.submitted)
 
 
 def pick_victim(
     waiting: Standing, candidates: Iterable[Standing], *, held_by_lower: int, total_gpus: int
 ) -> int | None:
     """Which running job makes way for `waiting`: the index into `candidates` (the running jobs
-    in `victim_key` order, cheapest first for RT), or None. The walk passes over the jobs the
-    bounded share protects (and, for RT, RT jobs: a cheaper non-RT job may be behind them) and
-    stops at the first job `waiting` may not displace: a job better placed than it is never
-    taken, nor any behind it. `candidates` is consumed lazily, so a caller may feed it from a
-    heap. For a gang, call it again after each victim, with the share updated."""
+    in `victim_key` order, `by_cost` for an urgent tier), or None. The walk passes over the
+    jobs the bounded share protects. For an urgent tier it passes over the jobs it may not
+    displace too (a more expensive job behind them may be one it may); otherwise it stops at
+    the first job `waiting` may not displace: with the furthest back first, a job better placed
+    than it is never taken, nor any behind it. `candidates` is consumed lazily, so a caller may
+    feed it from a heap. For a gang, call it again after each victim, with the share updated."""
+    by_cost = interrupts(waiting.rank)
     for i, running in enumerate(candidates):
         if share_protects(running, for_rt=waiting.rank == 0, held_by_lower=held_by_lower, total_gpus=total_gpus):
             continue
-        if waiting.rank == 0 and running.rank == 0:
-            continue
-        return i if may_displace(waiting, running) else None
+        if may_displace(waiting, running):
+            return i
+        if not by_cost:
+            return None
     return None
 
 
@@ -271,7 +289,7 @@ def makes_way_for(
         return None
     waiting = heads[best]
     assert waiting is not None
-    for_rt = waiting.rank == 0
-    walk = sorted(range(len(running)), key=lambda i: victim_key(running[i], switch_cost_s[i], for_rt=for_rt))
+    by_cost = interrupts(waiting.rank)
+    walk = sorted(range(len(running)), key=lambda i: victim_key(running[i], switch_cost_s[i], by_cost=by_cost))
     victim = pick_victim(waiting, (running[i] for i in walk), held_by_lower=held, total_gpus=total_gpus)
     return best if victim is not None and walk[victim] == me else None

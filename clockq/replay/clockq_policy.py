@@ -22,11 +22,13 @@ the structures that make those decisions fast on 100,000 jobs.
 from __future__ import annotations
 
 import heapq
+import math
 
 from clockq.policy import ordering, promotion, slicing
 from clockq.replay.config import Config
 from clockq.replay.engine import EPS, Ev, Replay, SimJob, St, next_grid
 from clockq.replay.model import Trace
+from clockq.replay.victims import Victims
 
 _PROMOTION_TICK = 1
 _BATCH_CHANCE = 2
@@ -44,9 +46,7 @@ class ClockqReplay(Replay):
         self.heaps: list[list[tuple[ordering.Key, int, int]]] = [[] for _ in range(ranks)]
         self.waiting_n = [0] * ranks
         self.held_by_lower = 0  # GPUs held by jobs of the best-effort tiers (their share)
-        # Running jobs as victims: (victim key, idx, vseq), best victim on top; RT's by cost.
-        self.by_order: list[tuple[tuple, int, int, ordering.Standing]] = []
-        self.by_cost: list[tuple[tuple, int, int, ordering.Standing]] = []
+        self.victims = Victims(lambda idx, vseq: self.jobs[idx].vseq == vseq and self.jobs[idx].state == St.RUNNING)
         self.making_way = 0  # GPUs of jobs told to yield at their next boundary
         self._lower_leaving = 0  # ... of them, those in the best-effort tiers' share
         self.yielding: set[int] = set()
@@ -71,10 +71,14 @@ class ClockqReplay(Replay):
     # --- what the order knows of a job ---------------------------------------------------------
 
     def _service(self, job: SimJob) -> float:
-        """Service that sets its level: since its promotion while promoted, else all of it.
-        Plus a micro-GPU-second: a job whose boundary was planned at a rung can reach it
-        1e-12 short (float sums), and would plan the same boundary again at the same time."""
-        return job.attained - job.level_base + _SERVICE_EPS
+        """Service that sets its level: all of it, promoted or not. Plus a micro-GPU-second: a
+        job whose boundary was planned at a rung can reach it 1e-12 short (float sums), and
+        would plan the same boundary again at the same time."""
+        return job.attained + _SERVICE_EPS
+
+    def _promoted_service(self, job: SimJob) -> float:
+        """Service since its promotion: what ends the promotion (`Ladder.promotion_service`)."""
+        return job.attained - job.promoted_at + _SERVICE_EPS
 
     def _share(self, job: SimJob) -> float:
         return self.user_share.get((job.t.user, job.rank), 0.0)
@@ -183,15 +187,14 @@ class ClockqReplay(Replay):
         job.version += 1
         job.rate = 1.0
         self.schedule(self.now + job.remaining, Ev.FINISH, job)
+        # GPU-seconds of service to the next change; `_service` reads a micro-GPU-second high
         service = self._service(job)
-        change: float | None
+        rung = self.ladder.next_rung(job.rank, service)
+        to_go = math.inf if rung is None else rung - service
         if job.rank != job.home_rank:
-            change = self.ladder.promotion_service(job.rank)
-        else:
-            change = self.ladder.next_rung(job.rank, service)
-        if change is not None:
-            # to the rung itself: `service` reads a micro-GPU-second high
-            to_go = max(change - service + _SERVICE_EPS, 0.0) / job.t.num_gpu
+            to_go = min(to_go, self.ladder.promotion_service(job.rank) - self._promoted_service(job))
+        if to_go < math.inf:
+            to_go = max(to_go + _SERVICE_EPS, 0.0) / job.t.num_gpu
             if to_go < job.remaining - EPS:
                 self.schedule(self.now + to_go, Ev.BOUNDARY, job)
 
@@ -199,14 +202,7 @@ class ClockqReplay(Replay):
         """Enter it among the victims, with its standing: what a victim is judged by (level,
         tier, promoted, GPUs) changes only at a boundary, which enters it again."""
         job.vseq += 1
-        standing = self._standing(job)
-        heapq.heappush(
-            self.by_order, (ordering.victim_key(standing, job.switch_s, for_rt=False), job.idx, job.vseq, standing)
-        )
-        if job.rank > 0:
-            heapq.heappush(
-                self.by_cost, (ordering.victim_key(standing, job.switch_s, for_rt=True), job.idx, job.vseq, standing)
-            )
+        self.victims.add(job.idx, job.vseq, self._standing(job), job.switch_s)
 
     def stopped(self, job: SimJob) -> None:
         job.vseq += 1  # no longer a victim
@@ -225,8 +221,8 @@ class ClockqReplay(Replay):
         if job.idx in self.yielding:  # it was told to make way: its slice is over
             self.leave_gpus(job, cost_s=job.switch_s)
             return
-        if job.rank != job.home_rank and self._service(job) >= self.ladder.promotion_service(job.rank) - EPS:
-            job.rank, job.level_base = job.home_rank, 0.0  # a fair amount of service had: home
+        if job.rank != job.home_rank and self._promoted_service(job) >= self.ladder.promotion_service(job.rank) - EPS:
+            job.rank = job.home_rank  # a fair amount of service had: home
         self._plan(job)
         self._as_victim(job)
         self.dispatch()
@@ -316,32 +312,11 @@ class ClockqReplay(Replay):
             self._backfill_found_nothing = state
 
     def _victim_for(self, waiting: ordering.Standing) -> SimJob | None:
-        """The running job `ordering.pick_victim` names, fed lazily from the victim heap. The
-        walk mostly stops at the first candidate, so that one is looked at in place; only the
-        ones it passes over are taken out, and they go back."""
-        heap = self.by_cost if waiting.rank == 0 else self.by_order
-        passed: list[tuple[tuple, int, int, ordering.Standing]] = []
-
-        def candidates():
-            while heap:
-                entry = heap[0]
-                job = self.jobs[entry[1]]
-                if job.vseq != entry[2] or job.state != St.RUNNING:
-                    heapq.heappop(heap)  # stale
-                    continue
-                yield entry[3]
-                passed.append(heapq.heappop(heap))  # asked for the next one: this one is passed over
-
-        pick = ordering.pick_victim(
-            waiting, candidates(), held_by_lower=self.held_by_lower - self._lower_leaving, total_gpus=self.cfg.gpus
+        """The running job `ordering.pick_victim` names (clockq/replay/victims.py feeds it)."""
+        idx = self.victims.pick(
+            waiting, held_by_lower=self.held_by_lower - self._lower_leaving, total_gpus=self.cfg.gpus
         )
-        found = None
-        if pick is not None:  # the walk stopped at it: it is still on top
-            assert pick == len(passed)
-            found = self.jobs[heapq.heappop(heap)[1]]
-        for entry in passed:
-            heapq.heappush(heap, entry)
-        return found
+        return None if idx is None else self.jobs[idx]
 
     # --- beat's periodic tasks ----------------------------------------------------------------
 
@@ -410,11 +385,11 @@ class ClockqReplay(Replay):
         return more
 
     def _promote(self, job: SimJob, to_tier: str) -> None:
-        """It keeps its wait and its first submit time, and waits in the more urgent queue with
-        the service it gets there counted afresh."""
+        """It keeps its wait, its first submit time and its service, and waits in the more
+        urgent queue at the level its service gives it there."""
         self.waiting_n[job.rank] -= 1
         job.rank = self.tier_by_code[to_tier].rank
-        job.level_base = job.attained
+        job.promoted_at = job.attained
         job.qseq += 1
         job.skipped_rounds = 0
         job.promotions += 1

@@ -62,6 +62,7 @@ class SimJob:
         "level_base",
         "mode",
         "preemptions",
+        "promoted_at",
         "promotions",
         "qseq",
         "rank",
@@ -105,6 +106,7 @@ class SimJob:
         self.level = 0  # LAS queue
         self.attained = 0.0  # GPU-seconds of service (LAS)
         self.level_base = 0.0  # attained service when it last (re)entered level 0 (LAS starvation)
+        self.promoted_at = 0.0  # attained service when it was last promoted (clockq)
         self.last_exec_s = 0.0  # length of its last run (LAS starvation knob)
 
 

@@ -63,20 +63,26 @@ def test_a_tiers_head_is_its_lowest_level_then_the_smaller_share_then_the_first_
     assert served.pk not in head_ids()
 
 
-def test_a_promoted_job_is_new_in_its_tier_and_behind_that_tiers_own_jobs(alice):
+def test_a_promoted_job_keeps_its_service_and_goes_behind_that_tiers_own_jobs_of_its_level(alice):
     hp, sp = QueueTier.objects.get(code="HP"), QueueTier.objects.get(code="SP")
     long_served = rungs(SP)[2] + 5
     promoted = queued(alice, "SP", run_s=long_served, tier=hp, promoted_run_ms=int(long_served * 1000))
     heads = order.heads()
     assert heads[HP].standing.job_id == promoted.pk
-    assert (heads[HP].standing.level, heads[HP].standing.promoted) == (0, True)
-    own = queued(alice, "HP")
-    assert head_ids()[HP] == own.pk
-    # Its service there counts from its promotion: a rung of it there, and it is level 1
-    Job.objects.filter(pk=promoted.pk).update(run_ms=int((long_served + sum(rungs(HP)[:2]) / 2) * 1000))
-    assert {r.standing.job_id: r.standing.level for r in order.heads() if r}[own.pk] == 0
-    Job.objects.filter(pk=own.pk).update(state=JobState.RUNNING)
-    assert order.heads()[HP].standing.level == 1
+    # Its level is its whole service on HP's ladder: a promotion does not make it new
+    level = order.ladder().level(HP, long_served)
+    assert level > 0
+    assert (heads[HP].standing.level, heads[HP].standing.promoted) == (level, True)
+    # HP's own new work goes first; so does HP's own work of the same level
+    own_new = queued(alice, "HP")
+    assert head_ids()[HP] == own_new.pk
+    Job.objects.filter(pk=own_new.pk).update(state=JobState.RUNNING)
+    own_same_level = queued(alice, "HP", run_s=long_served)
+    assert head_ids()[HP] == own_same_level.pk
+    Job.objects.filter(pk=own_same_level.pk).update(state=JobState.RUNNING)
+    # ... and it goes ahead of SP's jobs of its level
+    queued(alice, "SP", run_s=long_served)
+    assert order.next_for_gpu(total_gpus=1).standing.job_id == promoted.pk
     assert sp.pk == Job.objects.get(pk=promoted.pk).original_tier_id
 
 

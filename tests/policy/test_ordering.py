@@ -174,8 +174,8 @@ def test_a_victim_leaves_at_once_or_after_its_slice(now, interrupt, leaves):
 def victim(waiting, running, held_by_lower=TOTAL):
     """The job pick_victim names among (standing, switch cost) pairs, fed in victim_key order;
     by default the best-effort tiers hold far more than their share."""
-    for_rt = waiting.rank == 0
-    ordered = [s for s, _ in sorted(running, key=lambda r: victim_key(r[0], r[1], for_rt=for_rt))]
+    by_cost = interrupts(waiting.rank)
+    ordered = [s for s, _ in sorted(running, key=lambda r: victim_key(r[0], r[1], by_cost=by_cost))]
     pick = pick_victim(waiting, ordered, held_by_lower=held_by_lower, total_gpus=TOTAL)
     return None if pick is None else ordered[pick]
 
@@ -191,22 +191,42 @@ def test_rt_passes_over_rt_jobs_to_a_cheaper_non_rt_one_behind_them():
     assert victim(job(RT), [(other_rt, 1.0)]) is None
 
 
+def test_hp_takes_the_cheapest_switch_among_the_jobs_it_may_displace():
+    cheap_sp, dear_bk = job(SP, job_id=1), job(BK, level=2, job_id=2)
+    assert victim(job(HP), [(dear_bk, 30.0), (cheap_sp, 5.0)]) is cheap_sp
+    # HP's own new work is passed over, however cheap
+    assert victim(job(HP), [(job(HP, job_id=3), 1.0), (dear_bk, 30.0)]) is dear_bk
+
+
+def test_an_urgent_walk_passes_over_what_it_may_not_displace():
+    # RT at level 1 may not take the cheap HP job at level 0, but may take the BK job behind it
+    bk = job(BK, level=2)
+    assert victim(job(RT, level=1), [(job(HP, level=0), 1.0), (bk, 9.0)]) is bk
+    assert victim(job(RT, level=1), [(job(HP, level=0), 1.0)]) is None
+
+
 def test_others_take_the_job_furthest_back_in_the_order_first():
-    far_back = job(SP, level=1, job_id=3)
-    running = [(job(SP, job_id=1), 1.0), (job(BK, job_id=2), 5.0), (far_back, 100.0)]
-    assert victim(job(HP), running) is far_back
+    far_back = job(BK, level=1, job_id=3)
+    running = [(job(BP, job_id=1), 1.0), (job(BK, job_id=2), 5.0), (far_back, 100.0)]
+    assert victim(job(SP), running) is far_back
 
 
 def test_among_equals_the_cheapest_switch_makes_way():
     cheap = job(BK, job_id=2)
-    assert victim(job(HP), [(job(BK, job_id=1), 20.0), (cheap, 5.0)]) is cheap
+    assert victim(job(SP), [(job(BK, job_id=1), 20.0), (cheap, 5.0)]) is cheap
 
 
 def test_the_walk_stops_at_the_first_job_that_may_not_be_displaced():
-    # RT at level 1 may not take the cheap HP job at level 0, nor the dearer BK job behind it.
-    assert victim(job(RT, level=1), [(job(HP, level=0), 1.0), (job(BK, level=2), 9.0)]) is None
+    # Furthest back first: the first job BP may not displace is better placed than all behind it
+    assert victim(job(BP), [(job(SP), 1.0), (job(HP), 2.0)]) is None
     assert victim(job(SP), [(job(HP), 1.0), (job(RT), 2.0)]) is None
     assert victim(job(SP), []) is None
+
+    def candidates():
+        yield job(HP)
+        raise AssertionError("read past a job it may not displace")
+
+    assert pick_victim(job(SP), candidates(), held_by_lower=ABOVE_SHARE, total_gpus=TOTAL) is None
 
 
 def test_the_walk_reads_no_further_than_the_job_it_names():

@@ -119,6 +119,23 @@ def test_a_long_job_sinks_a_level_and_is_passed_once_not_in_turns():
     assert result.switch_gpu_s == pytest.approx(switch)
 
 
+def test_a_promotion_keeps_the_jobs_service_and_makes_it_new_to_nobody():
+    # One GPU. A (SP, long) runs and passes the first rung of SP's ladder; then B (BK, new, on
+    # level 0, shorter than a rung) comes before it, and A makes way. A then skips promotion
+    # rounds and goes up to HP, but with its service: on HP's ladder it is past the first rung
+    # too, so it does not come before B, which is new. B runs to its end undisturbed, then A
+    # resumes. (A promotion that counted service afresh made A new in HP, and it took the GPU
+    # back from B at once.)
+    trace = Trace("promoted", [job("A", 0, 5000, "SP"), job("B", 1000, 200, "BK")])
+    _, jobs = run("clockq", trace)
+    assert ordering.DEFAULT_LADDER.rungs(ordering_rank("HP"))[0] < 1000
+    assert times(jobs, "preemptions") == {"A": 1, "B": 0}
+    assert jobs["A"].promotions == 1
+    assert jobs["B"].first_start_s == pytest.approx(1000)
+    assert jobs["B"].finish_s == pytest.approx(1200)
+    assert jobs["A"].finish_s == pytest.approx(5200)
+
+
 def ordering_rank(code: str) -> int:
     return next(t.rank for t in TIERS if t.code == code)
 
