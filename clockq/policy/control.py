@@ -177,8 +177,8 @@ def weighs_room(tier_code: str, admission_open: bool, *, forced: bool = False, h
 def held_note(room: Room) -> str:
     """Why a closed admission holds a job, beside `closed_note`."""
     return (
-        f"the cluster is full: no GPU is free, and new work of more urgent tiers already waits for "
-        f"{room.gpus_ahead} GPU(s) of its {room.gpus}"
+        f"the cluster is full for it: no GPU is free, and new work of more urgent tiers already waits for "
+        f"{room.gpus_ahead} GPU(s) (the cluster has {room.gpus})"
     )
 
 

@@ -164,9 +164,9 @@ def full(alice, sent, django_capture_on_commit_callbacks):
 
 
 FULL_NOTE = (
-    "held: admission closed (forecast 91% > 85%); the cluster is full: no GPU is free, and new work of more "
-    "urgent tiers already waits for 1 GPU(s) of its 1; it is queued at the first forecast at which it would "
-    "start, or when admission reopens"
+    "held: admission closed (forecast 91% > 85%); the cluster is full for it: no GPU is free, and new work of "
+    "more urgent tiers already waits for 1 GPU(s) (the cluster has 1); it is queued at the first forecast at "
+    "which it would start, or when admission reopens"
 )
 
 

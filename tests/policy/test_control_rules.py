@@ -218,7 +218,8 @@ def test_a_cluster_counts_a_batchs_earlier_jobs_ahead_of_its_later_ones():
 
 def test_the_notes_say_why_a_job_is_held_and_when_it_is_queued():
     assert held_note(FULL) == (
-        "the cluster is full: no GPU is free, and new work of more urgent tiers already waits for 4 GPU(s) of its 4"
+        "the cluster is full for it: no GPU is free, and new work of more urgent tiers already waits for "
+        "4 GPU(s) (the cluster has 4)"
     )
     assert release_note(forced=False, hold=HOLD_WHEN_FULL) == (
         "it is queued at the first forecast at which it would start, or when admission reopens"
