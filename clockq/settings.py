@@ -370,20 +370,25 @@ CLOCKQ_KPI_RETENTION_DAYS = env_int("CLOCKQ_KPI_RETENTION_DAYS", 90, min_value=1
 # GPU telemetry sampling interval while a slice runs.
 CLOCKQ_SAMPLE_EVERY_S = env_float("CLOCKQ_SAMPLE_EVERY_S", 0.01, min_value=0.001, max_value=10.0)
 # Load control (clockq/policy/control.py): admission closes when the forecast load index passes
-# CLOSE_ABOVE and reopens only below REOPEN_BELOW (the gap keeps it from flapping); scale-out
-# never asks for more than CLOCKQ_MAX_GPU_WORKERS GPU workers.
+# CLOSE_ABOVE and reopens only below REOPEN_BELOW (the gap keeps it from flapping); while it is
+# closed, HOLDS says which new jobs are held: "when-full", only a job that would wait anyway (no
+# GPU free, and more urgent new work already queued for every GPU), or "all", every new job but
+# RT until it reopens (the specification's literal pause, which costs completion time: see
+# docs/predictor.md). Scale-out never asks for more than CLOCKQ_MAX_GPU_WORKERS GPU workers.
 CLOCKQ_ADMISSION_CLOSE_ABOVE = env_float(
     "CLOCKQ_ADMISSION_CLOSE_ABOVE", _control.CLOSE_ABOVE, min_value=0.01, max_value=_control.MAX_FORECAST
 )
 CLOCKQ_ADMISSION_REOPEN_BELOW = env_float(
     "CLOCKQ_ADMISSION_REOPEN_BELOW", _control.REOPEN_BELOW, min_value=0.01, max_value=_control.MAX_FORECAST
 )
+CLOCKQ_ADMISSION_HOLDS = env_choice("CLOCKQ_ADMISSION_HOLDS", _control.HOLD_WHEN_FULL, _control.HOLD_MODES)
 CLOCKQ_MAX_GPU_WORKERS = env_int("CLOCKQ_MAX_GPU_WORKERS", _control.MAX_WORKERS, min_value=1, max_value=100_000)
 if _problems := _control.threshold_problems(
     _control.Thresholds(
         close_above=CLOCKQ_ADMISSION_CLOSE_ABOVE,
         reopen_below=CLOCKQ_ADMISSION_REOPEN_BELOW,
         max_workers=CLOCKQ_MAX_GPU_WORKERS,
+        hold=CLOCKQ_ADMISSION_HOLDS,
     )
 ):
     raise ImproperlyConfigured("CLOCKQ_ADMISSION_*: " + " ".join(p.message for p in _problems))

@@ -118,9 +118,8 @@ def admission_note(state) -> str:
     """What a job held for admission tells its owner (API, job page, submit form)."""
     if state.admission_open:
         return "Held for admission: admission has reopened and the job is being queued."
-    return (
-        f"Held: {control.closed_note(state)}. The job is kept and is queued when admission reopens; nothing is dropped."
-    )
+    when = control.release_note(state)
+    return f"Held: {control.closed_note(state)}. The job is kept, and {when}; nothing is dropped."
 
 
 class ResultFileSerializer(serializers.Serializer):

@@ -12,7 +12,6 @@ from django.views.decorators.http import require_POST
 from clockq.control_state import control
 from clockq.jobs import client_input, services
 from clockq.jobs import metrics as job_metrics
-from clockq.policy.control import ALWAYS_ADMITTED
 from webapp.access import visible_jobs
 from webapp.forms import JobSubmitForm, posted_fields
 from webapp.results_api import result_file_response
@@ -58,7 +57,7 @@ def job_new(request):
         "form": form,
         "refused": refused,
         "admission_closed": closed,
-        "always_admitted": ", ".join(sorted(ALWAYS_ADMITTED)),
+        "admission_holds": None if gate.admission_open else control.holding_note(gate),
     }
     return render(request, "webapp/job_new.html", context, status=400 if refused or form.errors else 200)
 

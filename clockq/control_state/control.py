@@ -2,23 +2,27 @@
 what an operator forced, with an audit row for every change.
 
 The rules are pure (clockq/policy/control.py); this module applies them to the singleton
-ControlState row under a row lock, and releases the jobs held for admission when it reopens.
-The controller (the forecast task) calls apply_forecast; the admin calls force_state / unforce;
-submit_job reads admission().
+ControlState row under a row lock, and releases the jobs held for admission: all of them when it
+reopens, and at each forecast while it is closed those that `rules.admits` now lets in (their
+room is no longer full). The controller (the forecast task) calls apply_forecast; the admin calls
+force_state / unforce; submit_job reads admission() and weighs each job through a Gate.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from clockq.control_state.models import ControlDecision, ControlState
+from clockq.jobs import order
 from clockq.jobs.models import Job
 from clockq.jobs.transitions import transition
 from clockq.policy import control as rules
@@ -39,6 +43,7 @@ def thresholds() -> rules.Thresholds:
         close_above=settings.CLOCKQ_ADMISSION_CLOSE_ABOVE,
         reopen_below=settings.CLOCKQ_ADMISSION_REOPEN_BELOW,
         max_workers=settings.CLOCKQ_MAX_GPU_WORKERS,
+        hold=settings.CLOCKQ_ADMISSION_HOLDS,
     )
     if problems := rules.threshold_problems(t):
         raise ImproperlyConfigured("CLOCKQ_ADMISSION_*: " + " ".join(p.message for p in problems))
@@ -66,6 +71,49 @@ def admission_open() -> bool:
 def closed_note(state: ControlState) -> str:
     """Why admission is closed, e.g. 'admission closed (forecast 91% > 85%)'."""
     return rules.closed_note(state.forced_by if state.forced else None, state.forecast, thresholds())
+
+
+def release_note(state: ControlState) -> str:
+    """When a job held for admission is queued, e.g. 'it is queued when admission reopens'."""
+    return rules.release_note(forced=state.forced, hold=thresholds().hold)
+
+
+def holding_note(state: ControlState) -> str:
+    """What a closed admission does to new jobs, for the submit form."""
+    return rules.holding_note(forced=state.forced, hold=thresholds().hold)
+
+
+def cluster(gpus: int) -> rules.Cluster:
+    """The cluster as a closed admission weighs it now: `gpus` GPUs (the workers alive at the
+    latest forecast), those that no running job holds, and, only while none is free (the
+    queue matters only then: `Room.full`), the queued jobs by class."""
+    free = max(0, gpus - Job.objects.filter(state=JobState.RUNNING).count())
+    return rules.Cluster(gpus, free, tuple(order.queued_by_class()) if gpus and not free else ())
+
+
+class Gate:
+    """Admission as one submission weighs its jobs: one read of the control state, and of the
+    cluster only if the rule weighs it (admission closed by the forecast, a tier it may hold)."""
+
+    def __init__(self, state: ControlState):
+        self.state = state
+        self.hold = thresholds().hold
+        self._cluster: rules.Cluster | None = None
+
+    def admits(self, tier_code: str, rank: int) -> tuple[bool, str]:
+        """Whether a new job of this tier is queued now, and if not, why it is held."""
+        is_open, forced = self.state.admission_open, self.state.forced
+        room = None
+        if rules.weighs_room(tier_code, is_open, forced=forced, hold=self.hold):
+            if self._cluster is None:
+                self._cluster = cluster(self.state.gpus or 0)
+            room = self._cluster.room(rank)
+        if rules.admits(tier_code, is_open, forced=forced, hold=self.hold, room=room):
+            if room is not None and self._cluster is not None:
+                self._cluster = self._cluster.with_queued(rank)  # ahead of the batch's lower tiers
+            return True, ""
+        why = closed_note(self.state) + (f"; {rules.held_note(room)}" if room is not None else "")
+        return False, f"{why}; {release_note(self.state)}"
 
 
 def apply_forecast(forecast: float, at: datetime | None = None, workers: int = 0) -> list[rules.Decision]:
@@ -97,17 +145,21 @@ def apply_forecast(forecast: float, at: datetime | None = None, workers: int = 0
             reason="; ".join(d.reason for d in decisions),
             forecast=forecast,
             forecast_at=at,
+            gpus=workers,
             updated_at=timezone.now(),
         )
         _audit(changes, forecast, CONTROLLER)
     for change in changes:
         log.info("control: %s (forecast %.3f)", change.reason, forecast)
-    if not state.admission_open and any(d.field == rules.ADMISSION and d.new for d in changes):
+    now_open = next(bool(d.new) for d in decisions if d.field == rules.ADMISSION)
+    if not state.admission_open and now_open:
         release_held_for_admission(CONTROLLER, next(d.reason for d in changes if d.field == rules.ADMISSION))
-    elif state.admission_open:
+    elif now_open:
         # Admission was open all along: a submission that read it closed just before it reopened
         # may have stored a held job after the release; pick up any such straggler.
         release_held_for_admission(CONTROLLER, "admission open")
+    else:
+        release_held_that_would_start(workers, t)
     return changes
 
 
@@ -179,11 +231,47 @@ def release_held_for_admission(actor: str, why: str) -> int:
     oldest, each through the release transition (a compare-and-set on its state and token, that
     sends its wake-up message). Jobs an operator held are not touched. Stops if admission closes
     again meanwhile. Safe to run twice at once: each job is released once. Returns how many."""
+    return _release(Job.objects.all(), actor, why, keep_going=admission_open)
+
+
+def release_held_that_would_start(gpus: int, t: rules.Thresholds) -> int:
+    """While the forecast keeps admission closed: queue the held jobs that `rules.admits` now
+    lets in, asked as new jobs of their tier would be (the most urgent tier first; a tier's
+    jobs are alike to the rule, and go oldest first). Returns how many."""
     released = 0
-    while admission_open():
+    cluster_now: rules.Cluster | None = None
+    held_tiers = (
+        Job.objects.filter(state=JobState.HELD, held_for_admission=True)
+        .order_by("tier__rank")
+        .values_list("tier__code", "tier__rank", "tier_id")
+        .distinct()
+    )
+    for code, rank, tier_id in held_tiers:
+        if not rules.weighs_room(code, False, hold=t.hold):
+            continue  # the room does not matter: held until admission reopens
+        cluster_now = cluster_now or cluster(gpus)
+        room = cluster_now.room(rank)
+        if not rules.admits(code, False, hold=t.hold, room=room):
+            continue
+        why = "it would start now: " + ("a GPU is free" if room.free_gpus else "the cluster is no longer full for it")
+        done = _release(Job.objects.filter(tier_id=tier_id), CONTROLLER, why, keep_going=_closed_by_forecast)
+        cluster_now = cluster_now.with_queued(rank, done)
+        released += done
+    return released
+
+
+def _closed_by_forecast() -> bool:
+    state = admission()
+    return not state.admission_open and not state.forced
+
+
+def _release(jobs: QuerySet[Job], actor: str, why: str, *, keep_going: Callable[[], bool]) -> int:
+    """Release the jobs held for admission among `jobs`, oldest first, while keep_going()."""
+    released = 0
+    while keep_going():
         before = released
         batch = list(
-            Job.objects.filter(state=JobState.HELD, held_for_admission=True)
+            jobs.filter(state=JobState.HELD, held_for_admission=True)
             .order_by("tier__rank", "submitted_at", "id")
             .values_list("id", "dispatch_token", "tier__queue_name")[:RELEASE_BATCH]
         )

@@ -17,6 +17,9 @@ class ControlState(models.Model):
     reason = models.TextField(blank=True, default="")
     forecast = models.FloatField(null=True, blank=True, help_text="The latest forecast load index.")
     forecast_at = models.DateTimeField(null=True, blank=True)
+    # The GPU workers alive at that forecast: what a closed admission weighs a new job's room
+    # against (clockq/policy/control.py, Room).
+    gpus = models.PositiveIntegerField(null=True, blank=True, help_text="GPU workers alive at the latest forecast.")
     # An operator's override: the controller records forecasts but changes nothing while it holds.
     forced = models.BooleanField(default=False)
     forced_by = models.CharField(max_length=200, blank=True, default="")

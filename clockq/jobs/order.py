@@ -82,6 +82,17 @@ def running() -> list[Running]:
         ]
 
 
+def queued_by_class() -> list[ordering.Standing]:
+    """The queued jobs as a closed admission weighs them: one standing per class (tier, service
+    level, promoted), its `gpus` the jobs in it (one GPU each)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_classes_sql(connection.vendor, ladder()), [str(JobState.QUEUED)])
+        return [
+            dataclasses.replace(_standing(0, rank, level, promoted, 0.0), gpus=int(count))
+            for rank, level, promoted, count in cursor.fetchall()
+        ]
+
+
 def next_for_gpu(total_gpus: int) -> Waiting | None:
     """The queued job a free GPU takes: the first in the order, or the best-effort tiers' best
     while they hold less than their bounded share (`ordering.pick_next`)."""
@@ -189,6 +200,15 @@ def _heads_sql(_vendor: str, ladder: ordering.Ladder) -> str:
         f"(PARTITION BY rnk ORDER BY lvl, promoted, share, id) AS place FROM ({inner}) q"
     )
     return f"SELECT id, token, rnk, lvl, promoted, share FROM ({numbered}) n WHERE place = 1"
+
+
+@functools.cache
+def _classes_sql(_vendor: str, ladder: ordering.Ladder) -> str:
+    inner = (
+        f"SELECT t.{column(QueueTier, 'rank')} AS rnk, {_level_sql(ladder)} AS lvl, {_promoted_sql()} AS promoted "
+        f"{_from_sql()}"
+    )
+    return f"SELECT rnk, lvl, promoted, COUNT(*) FROM ({inner}) q GROUP BY rnk, lvl, promoted"
 
 
 @functools.cache

@@ -13,7 +13,6 @@ from clockq.control_state import control
 from clockq.jobs import quotas, workloads
 from clockq.jobs.models import Job, JobEvent, QueueTier
 from clockq.jobs.transitions import Changed, transition
-from clockq.policy.control import admits
 from clockq.policy.slicing import PendingAction
 from clockq.policy.states import TERMINAL_STATES, JobState
 from clockq.policy.tiers import tier as defined_tier
@@ -40,8 +39,9 @@ def submit_job(
     """Create a queued job from already-validated input and send its wake-up message. Raises
     QuotaExceeded when the owner is at a limit.
 
-    While admission is closed (clockq/control_state/control.py) a non-RT job is accepted but stored
-    `held`, marked held_for_admission, with no message: it is queued when admission reopens."""
+    While admission is closed (clockq/control_state/control.py) a job that `control.admits` does
+    not let in is accepted but stored `held`, marked held_for_admission, with no message: it is
+    queued when a later forecast lets it in, or when admission reopens."""
     submission = {
         "name": name,
         "tier_code": tier_code,
@@ -65,14 +65,14 @@ def submit_jobs(owner, submissions: list[dict], actor: str | None = None) -> lis
     if missing := sorted(codes - tiers.keys()):
         raise QueueTier.DoesNotExist(f"no row for tier {', '.join(missing)}: is the database migrated?")
     now = timezone.now()
-    gate = control.admission()
+    gate = control.Gate(control.admission())
     who = actor or owner.get_username()
     declared = sum(workloads.declared_state_bytes(s["workload"], s["params"]) for s in submissions)
     jobs: list[Job] = []
     reasons: list[str] = []
     for sub in submissions:
         tier = tiers[sub["tier_code"]]
-        admitted = admits(tier.code, gate.admission_open)
+        admitted, held_why = gate.admits(tier.code, tier.rank)
         jobs.append(
             Job(
                 owner=owner,
@@ -91,7 +91,7 @@ def submit_jobs(owner, submissions: list[dict], actor: str | None = None) -> lis
         )
         reason = f"submitted to {tier.code}"
         if not admitted:
-            reason += f"; held: {control.closed_note(gate)}; it is queued when admission reopens"
+            reason += f"; held: {held_why}"
         reasons.append(reason)
     # The jobs are built before the owner's lock is taken: the owner's other submits wait for
     # what is done under it.

@@ -3,8 +3,11 @@
 Live, the "clockq: load sample" task records the load index (clockq/policy/load.py: busy GPUs
 plus the GPUs queued jobs ask for, over the GPUs) every minute, and "clockq: forecast" turns the
 forecast of it into decisions with `control.decide_admission` (close above 85 %, reopen below
-75 %). While admission is closed a new job of a tier that `control.admits` does not let in is
-held, not queued; it is queued when admission reopens, by tier and then by age.
+75 %). While admission is closed, `control.admits` says which new jobs are held rather than
+queued: by default only a job that would wait anyway (no GPU free, and queued work in a better
+class than it asks for every GPU: `control.Room.full`). Each forecast asks the same of every
+held job, most urgent tier first and then the oldest, and queues those it now admits; when
+admission reopens it admits them all.
 
 The replay has no trained model, so the forecast is persistence: the load index just sampled
 stands for the one 15 minutes ahead. That is also what the live predictor serves until a model
@@ -14,7 +17,6 @@ in their wait and their completion time, and a deadline that passes while a job 
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -33,40 +35,53 @@ class AdmissionStats:
 
 
 class Admission(Generic[J]):
-    """The admission state of one replay and the jobs it holds."""
+    """The admission state of one replay and the jobs it holds, per tier rank in the order they
+    arrived (which is their submit order)."""
 
     def __init__(self, thresholds: control.Thresholds, every_s: float = FORECAST_EVERY_S):
         self.thresholds = thresholds
         self.every_s = every_s
         self.open = True
-        self.held: deque[J] = deque()
+        self.held: dict[int, list[J]] = {}
         self.stats = AdmissionStats()
         self._closed_since: float | None = None
 
-    def admits(self, tier_code: str) -> bool:
-        return control.admits(tier_code, self.open)
+    def admits(self, tier_code: str, room: control.Room | None) -> bool:
+        """Whether a new or held job of this tier is queued now (`control.admits`); `room`: what
+        it would find, read only when `weighs_room` says the rule weighs it."""
+        return control.admits(tier_code, self.open, hold=self.thresholds.hold, room=room)
 
-    def hold(self, job: J) -> None:
-        self.held.append(job)
+    def weighs_room(self, tier_code: str) -> bool:
+        return control.weighs_room(tier_code, self.open, hold=self.thresholds.hold)
+
+    def hold(self, job: J, rank: int) -> None:
+        """A new job held on arrival."""
+        self.held.setdefault(rank, []).append(job)
         self.stats.held_jobs += 1
 
-    def decide(self, now: float, *, busy_gpus: int, waiting_gpus: int, gpus: int) -> list[J]:
-        """Sample the load index, judge it as the forecast, and return the held jobs to queue
-        now (all of them, oldest first, when admission is open)."""
+    def holds_any(self) -> bool:
+        return any(self.held.values())
+
+    def take_held(self, rank: int) -> list[J]:
+        """The held jobs of one tier, oldest first, to be asked again; those not queued go back
+        with `keep_holding`, in the same order."""
+        return self.held.pop(rank, [])
+
+    def keep_holding(self, job: J, rank: int) -> None:
+        self.held.setdefault(rank, []).append(job)
+
+    def decide(self, now: float, *, busy_gpus: int, waiting_gpus: int, gpus: int) -> None:
+        """Sample the load index, judge it as the forecast, and open or close admission."""
         forecast = load.load_index(busy_gpus, waiting_gpus, gpus)
         assert forecast is not None  # a replay has GPUs
         decision = control.decide_admission(forecast, self.open, self.thresholds)
-        if decision.changed:
-            self.open = bool(decision.new)
-            if not self.open:
-                self.stats.closures += 1
-                self._closed_since = now
-            else:
-                assert self._closed_since is not None
-                self.stats.closed_s += now - self._closed_since
-                self._closed_since = None
+        if not decision.changed:
+            return
+        self.open = bool(decision.new)
         if not self.open:
-            return []
-        released = list(self.held)
-        self.held.clear()
-        return released
+            self.stats.closures += 1
+            self._closed_since = now
+        else:
+            assert self._closed_since is not None
+            self.stats.closed_s += now - self._closed_since
+            self._closed_since = None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from clockq.policy import ordering, promotion, slicing
+from clockq.policy import control, ordering, promotion, slicing
 from clockq.replay.config import Config
 from clockq.replay.engine import EPS, Ev, Replay, SimJob, St, next_grid
 from clockq.replay.model import Trace
@@ -59,6 +59,7 @@ class ClockqReplay(Replay):
         self._queue_changes = 0
         self._head_memo: tuple[tuple[int, int, int], int, SimJob | None] | None = None
         self._backfill_found_nothing: tuple[int, int, int] | None = None
+        self._ahead_memo: dict[int, tuple[int, int]] = {}  # rank -> (queue changes, GPUs ahead)
         self.tick_s = config.promotion_tick_s
         self.chance_every_s = config.batch_chance_every_s
         self.rules = {t.code: promotion.TierRule(t.code, t.promote_after_rounds, t.promote_to) for t in self.tiers}
@@ -146,6 +147,21 @@ class ClockqReplay(Replay):
             return None
         self._head_rank = pick
         return heads[pick]
+
+    def gpus_ahead_of_new(self, rank: int) -> int:
+        """For admission: the waiting jobs as the order sees them (`control.gpus_ahead`),
+        counted again only when the queues have changed."""
+        if (memo := self._ahead_memo.get(rank)) is not None and memo[0] == self._queue_changes:
+            return memo[1]
+        waiting = (
+            job.standing
+            for rank_here, heap in enumerate(self.heaps)
+            for _, idx, seq in heap
+            if (job := self.jobs[idx]).qseq == seq and job.state == St.WAITING and job.rank == rank_here
+        )
+        ahead = control.gpus_ahead(rank, waiting)
+        self._ahead_memo[rank] = (self._queue_changes, ahead)
+        return ahead
 
     def pop_head(self) -> SimJob:
         _, idx, _ = heapq.heappop(self.heaps[self._head_rank])

@@ -21,7 +21,7 @@ import time
 from enum import IntEnum
 from typing import Any
 
-from clockq.policy import service_levels
+from clockq.policy import control, service_levels
 from clockq.replay.admission import Admission
 from clockq.replay.config import Config
 from clockq.replay.model import JobResult, RunResult, Trace, TraceJob
@@ -257,24 +257,51 @@ class Replay:
             if not self._forecasting:  # the first arrival starts the loop, on beat's grid
                 self._forecasting = True
                 self.schedule(next_grid(self.now, self.admission.every_s), Ev.FORECAST)
-            if not self.admission.admits(tier.code):
+            if not self._admitted(job):
                 job.state = St.HELD
-                self.admission.hold(job)
+                self.admission.hold(job, job.home_rank)
                 return
         self.wait(job)
 
     def _forecast(self) -> None:
-        """Admission control's minute: sample, decide, queue what it releases; again while
-        jobs may still arrive or are held."""
+        """Admission control's minute: sample, decide, queue the held jobs it now admits; again
+        while jobs may still arrive or are held."""
         assert self.admission is not None
         busy = self.cfg.gpus - self.free - self.freeing
-        released = self.admission.decide(self.now, busy_gpus=busy, waiting_gpus=self.waiting_gpus, gpus=self.cfg.gpus)
-        # Queued by tier, then by age, as the live reopening queues them.
-        for job in sorted(released, key=lambda j: (j.home_rank, j.t.submit_s, j.idx)):
-            if job.state == St.HELD:  # not timed out meanwhile
-                self.wait(job)
-        if self._arrivals_left or self.admission.held:
+        self.admission.decide(self.now, busy_gpus=busy, waiting_gpus=self.waiting_gpus, gpus=self.cfg.gpus)
+        # Asked by tier, then by age, as the live release asks them: each one queued changes
+        # the room of those after it.
+        for rank in sorted(self.admission.held):
+            code = self.tier_by_rank[rank].code
+            if not self.admission.weighs_room(code) and not self.admission.admits(code, None):
+                continue  # none of this tier is admitted now, whatever the room
+            for job in self.admission.take_held(rank):
+                if job.state != St.HELD:
+                    continue  # timed out while held
+                if self._admitted(job):
+                    self.wait(job)
+                else:
+                    self.admission.keep_holding(job, rank)
+        if self._arrivals_left or self.admission.holds_any():
             self.schedule(self.now + self.admission.every_s, Ev.FORECAST)
+
+    def _admitted(self, job: SimJob) -> bool:
+        """`control.admits` for a new or held job, with the room it would find (read only when
+        the rule weighs it, and the work ahead only while no GPU is free: `Room.full`)."""
+        assert self.admission is not None
+        tier = self.tier_by_rank[job.home_rank]
+        room = None
+        if self.admission.weighs_room(tier.code):
+            free = self.free + self.freeing  # GPUs coming back from a switch are as good as free
+            ahead = self.gpus_ahead_of_new(job.home_rank) if free <= 0 else 0
+            room = control.Room(self.cfg.gpus, free, ahead)
+        return self.admission.admits(tier.code, room)
+
+    def gpus_ahead_of_new(self, rank: int) -> int:
+        """For admission: the GPUs that waiting work the policy starts before a new job of tier
+        `rank` asks for (`control.gpus_ahead`). Here every waiting job, as under FIFO; a policy
+        with another order says so."""
+        return self.waiting_gpus
 
     def wait(self, job: SimJob, *, keep_since: bool = False) -> None:
         """Into the queue (a new job, or one that yielded its GPUs)."""

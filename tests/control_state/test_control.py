@@ -13,6 +13,7 @@ from clockq.control_state import control
 from clockq.control_state.models import ControlDecision, ControlState
 from clockq.jobs import services
 from clockq.jobs.models import Job
+from clockq.policy import control as rules
 from tests.helpers import submit
 
 pytestmark = pytest.mark.django_db
@@ -149,24 +150,90 @@ def test_bad_override_input_is_refused_and_changes_nothing():
     assert control.admission_open() is True
 
 
-def test_submission_while_admission_is_closed_is_held_without_a_message(
-    alice, sent, django_capture_on_commit_callbacks
-):
+@pytest.fixture
+def full(alice, sent, django_capture_on_commit_callbacks):
+    """One GPU, held by a running HP job, and a new HP job queued for it; then a forecast of 91%
+    closes admission. The cluster is full for a new job of any tier below HP."""
+    with committed(django_capture_on_commit_callbacks):
+        running = submit(alice, "HP", "running")
+        queued = submit(alice, "HP", "queued")
+    Job.objects.filter(pk=running.pk).update(state="running")
     control.apply_forecast(0.91, workers=1)
+    sent.clear()
+    return running, queued
+
+
+FULL_NOTE = (
+    "held: admission closed (forecast 91% > 85%); the cluster is full for it: no GPU is free, and new work of "
+    "more urgent tiers already waits for 1 GPU(s) (the cluster has 1); it is queued at the first forecast at "
+    "which it would start, or when admission reopens"
+)
+
+
+def test_a_closed_admission_holds_a_new_job_that_would_wait_anyway_without_a_message(
+    alice, full, sent, django_capture_on_commit_callbacks
+):
     with committed(django_capture_on_commit_callbacks):
         job = submit(alice, "SP", "waits")
+        hp = submit(alice, "HP", "fine-tune")  # nothing more urgent waits: it is next in line
         rt = submit(alice, "RT", "inference")
 
     job.refresh_from_db()
     assert (job.state, job.held_for_admission, job.enqueued_at) == ("held", True, None)
     event = job.events.get()
     assert (event.from_state, event.to_state) == ("", "held")
-    assert event.reason == (
+    assert event.reason == f"submitted to SP; {FULL_NOTE}"
+    assert [(j.state, j.held_for_admission) for j in (hp, rt)] == [("queued", False)] * 2
+    assert sent == [(hp.pk, "hp"), (rt.pk, "rt")]
+
+
+def test_a_closed_admission_queues_a_new_job_while_a_gpu_is_free(alice, sent, django_capture_on_commit_callbacks):
+    control.apply_forecast(0.91, workers=2)
+    with committed(django_capture_on_commit_callbacks):
+        job = submit(alice, "BK", "experiment")
+    assert (job.state, job.held_for_admission) == ("queued", False) and sent == [(job.pk, "bk")]
+
+
+def test_a_forecast_that_keeps_admission_closed_queues_the_held_jobs_that_would_now_start(
+    alice, full, sent, django_capture_on_commit_callbacks
+):
+    running, _ = full
+    with committed(django_capture_on_commit_callbacks):
+        bk, sp = submit(alice, "BK", "experiment"), submit(alice, "SP", "train")
+    with committed(django_capture_on_commit_callbacks):
+        control.apply_forecast(0.9, workers=1)  # still closed, still full
+    assert [Job.objects.get(pk=j.pk).state for j in (bk, sp)] == ["held", "held"] and sent == []
+
+    Job.objects.filter(pk=running.pk).update(state="succeeded")  # its GPU is free
+    with committed(django_capture_on_commit_callbacks):
+        control.apply_forecast(0.9, workers=1)
+
+    assert state().admission_open is False
+    assert sent == [(sp.pk, "sp"), (bk.pk, "bk")]  # the most urgent tier first
+    for job in (sp, bk):
+        job.refresh_from_db()
+        assert (job.state, job.held_for_admission) == ("queued", False)
+        assert job.events.order_by("id").last().reason == "released: it would start now: a GPU is free"
+
+
+def test_with_holds_all_a_closed_admission_holds_every_new_job_but_rt_until_it_reopens(
+    alice, sent, settings, django_capture_on_commit_callbacks
+):
+    settings.CLOCKQ_ADMISSION_HOLDS = "all"
+    at = timezone.now()
+    control.apply_forecast(0.91, at, workers=4)  # GPUs free, yet held: the literal pause
+    with committed(django_capture_on_commit_callbacks):
+        job, rt = submit(alice, "SP", "waits"), submit(alice, "RT", "inference")
+    assert job.events.get().reason == (
         "submitted to SP; held: admission closed (forecast 91% > 85%); it is queued when admission reopens"
     )
-    # RT is always admitted, and only it got a message.
-    assert (rt.state, rt.held_for_admission) == ("queued", False)
-    assert sent == [(rt.pk, "rt")]
+    assert (job.state, rt.state, sent) == ("held", "queued", [(rt.pk, "rt")])
+    with committed(django_capture_on_commit_callbacks):
+        control.apply_forecast(0.8, at + timedelta(minutes=1), workers=4)
+    assert Job.objects.get(pk=job.pk).state == "held"
+    with committed(django_capture_on_commit_callbacks):
+        control.apply_forecast(0.6, at + timedelta(minutes=2), workers=4)
+    assert Job.objects.get(pk=job.pk).state == "queued" and sent[-1] == (job.pk, "sp")
 
 
 def test_reopening_releases_held_jobs_by_tier_then_age_and_leaves_operator_holds(
@@ -206,13 +273,12 @@ def test_reopening_releases_held_jobs_by_tier_then_age_and_leaves_operator_holds
     assert control.release_held_for_admission("controller", "again") == 0
 
 
-def test_the_controller_reopening_releases_the_held_jobs(alice, sent, django_capture_on_commit_callbacks):
+def test_the_controller_reopening_releases_the_held_jobs(alice, full, sent, django_capture_on_commit_callbacks):
     at = timezone.now()
-    control.apply_forecast(0.9, at, workers=1)
     with committed(django_capture_on_commit_callbacks):
         job = submit(alice, "BP", "batch")
     with committed(django_capture_on_commit_callbacks):
-        control.apply_forecast(0.8, at + timedelta(minutes=1), workers=1)  # still closed
+        control.apply_forecast(0.8, at + timedelta(minutes=1), workers=1)  # still closed, still full
     assert Job.objects.get(pk=job.pk).state == "held" and sent == []
     with committed(django_capture_on_commit_callbacks):
         control.apply_forecast(0.6, at + timedelta(minutes=2), workers=1)
@@ -267,3 +333,33 @@ def test_the_controller_picks_up_a_straggler_while_admission_is_open(alice, sent
     with committed(django_capture_on_commit_callbacks):
         control.apply_forecast(0.5, workers=1)
     assert Job.objects.get(pk=job.pk).state == "queued" and sent == [(job.pk, "sp")]
+
+
+def test_the_cluster_is_weighed_from_the_running_jobs_and_the_queued_ones_by_class(alice, sent):
+    running = submit(alice, "SP", "running")
+    Job.objects.filter(pk=running.pk).update(state="running")
+    new_hp = [submit(alice, "HP", f"new-{i}") for i in range(2)]
+    served = submit(alice, "HP", "served")
+    Job.objects.filter(pk=served.pk).update(run_ms=600_000)  # past HP's first rung: a level above 0
+    submit(alice, "BK", "experiment")
+
+    # A GPU is free: the queue does not matter, and is not read.
+    assert control.cluster(2) == rules.Cluster(gpus=2, free_gpus=1, queued=())
+    full = control.cluster(1)
+    classes = sorted((s.rank, s.level > 0, s.promoted, s.gpus) for s in full.queued)
+    assert classes == [(1, False, False, 2), (1, True, False, 1), (4, False, False, 1)]
+    assert [full.room(rank).gpus_ahead for rank in range(5)] == [0, 0, 2, 2, 2]
+    assert full.room(2).full and not full.room(1).full
+    assert new_hp  # the two new HP jobs are the work ahead of a new SP job
+
+
+def test_a_batchs_earlier_entries_count_ahead_of_its_later_ones(alice, sent, django_capture_on_commit_callbacks):
+    running = submit(alice, "SP", "running")
+    Job.objects.filter(pk=running.pk).update(state="running")
+    control.apply_forecast(0.91, workers=1)  # one GPU, busy; nothing waits
+    entry = {"workload": "synthetic", "params": {"steps": 10}, "deadline": None, "gpu_mem_mib": None}
+    batch = [{**entry, "name": "ft", "tier_code": "HP"}, {**entry, "name": "train", "tier_code": "SP"}]
+    with committed(django_capture_on_commit_callbacks):
+        hp, sp = services.submit_jobs(alice, batch)
+    # The HP job is next in line; the SP job would wait behind it for the only GPU.
+    assert [(j.state, j.held_for_admission) for j in (hp, sp)] == [("queued", False), ("held", True)]

@@ -9,9 +9,13 @@ import pytest
 
 from clockq.policy.control import (
     ADMISSION,
+    HOLD_ALL,
+    HOLD_WHEN_FULL,
     PREFETCH,
     WORKERS,
+    Cluster,
     Current,
+    Room,
     Thresholds,
     admits,
     closed_note,
@@ -20,9 +24,14 @@ from clockq.policy.control import (
     decide_prefetch,
     decide_workers,
     forecast_problem,
+    gpus_ahead,
+    held_note,
     pct,
+    release_note,
     threshold_problems,
+    weighs_room,
 )
+from clockq.policy.ordering import Standing
 
 T = Thresholds()  # 85% / 75%, prefetch 30% / 35%, scale out above 70%, at most 64 workers
 
@@ -141,9 +150,82 @@ def test_prefetch_around_30_does_not_flap():
     assert (flips, is_on) == (1, True)
 
 
-def test_rt_is_always_admitted():
-    assert admits("RT", False) and admits("SP", True)
-    assert not any(admits(code, False) for code in ("HP", "SP", "BP", "BK"))
+FULL = Room(gpus=4, free_gpus=0, gpus_ahead=4)  # no GPU free, and queued work ahead asks for all 4
+
+
+@pytest.mark.parametrize(
+    ("room", "full"),
+    [
+        (FULL, True),
+        (Room(gpus=4, free_gpus=0, gpus_ahead=9), True),
+        (Room(gpus=4, free_gpus=0, gpus_ahead=3), False),  # it would be next for a GPU
+        (Room(gpus=4, free_gpus=1, gpus_ahead=9), False),  # a GPU is free: never held while one is
+        (Room(gpus=0, free_gpus=0, gpus_ahead=9), False),  # the GPUs are not known: no hold on a guess
+    ],
+)
+def test_a_room_is_full_only_when_the_job_would_wait_anyway(room, full):
+    assert room.full is full
+
+
+@pytest.mark.parametrize(
+    ("tier", "is_open", "forced", "hold", "room", "admitted"),
+    [
+        ("SP", True, False, HOLD_WHEN_FULL, FULL, True),  # open: everything
+        ("RT", False, True, HOLD_ALL, FULL, True),  # RT always
+        ("SP", False, False, HOLD_WHEN_FULL, FULL, False),  # closed, and it would wait anyway
+        ("BK", False, False, HOLD_WHEN_FULL, Room(4, 0, 3), True),  # closed, but it would start
+        ("BK", False, False, HOLD_WHEN_FULL, None, True),  # closed, room not known
+        ("BK", False, False, HOLD_ALL, Room(4, 2, 0), False),  # the literal pause holds all but RT
+        ("HP", False, True, HOLD_WHEN_FULL, Room(4, 2, 0), False),  # so does an operator's closure
+    ],
+)
+def test_what_a_closed_admission_holds(tier, is_open, forced, hold, room, admitted):
+    assert admits(tier, is_open, forced=forced, hold=hold, room=room) is admitted
+    # The room is read only where it can change the answer.
+    needed = weighs_room(tier, is_open, forced=forced, hold=hold)
+    assert needed is (tier != "RT" and not is_open and not forced and hold == HOLD_WHEN_FULL)
+    if not needed:
+        assert admits(tier, is_open, forced=forced, hold=hold, room=None) is admitted
+
+
+def standing(rank: int, level: int = 0, promoted: bool = False, gpus: int = 1) -> Standing:
+    return Standing(rank=rank, level=level, user_share_gpu_s=0.0, submitted=0.0, promoted=promoted, gpus=gpus)
+
+
+@pytest.mark.parametrize(
+    ("queued", "rank", "ahead"),
+    [
+        ([standing(1, gpus=3)], 2, 3),  # new HP work starts before a new SP job
+        ([standing(1, gpus=3)], 1, 0),  # its own class: left out (holds less)
+        ([standing(1, gpus=3)], 0, 0),  # nor is anything ahead of RT but RT
+        ([standing(0, level=1, gpus=5)], 4, 0),  # served work sinks below any new job
+        ([standing(3, promoted=True, gpus=2)], 4, 2),  # promoted into a more urgent tier
+        ([standing(4, promoted=True, gpus=2)], 4, 0),  # promoted into its own tier: behind its own
+        ([standing(0), standing(1, gpus=2), standing(2, level=2, gpus=7), standing(3, gpus=4)], 3, 3),
+    ],
+)
+def test_gpus_ahead_of_a_new_job_are_those_of_queued_work_in_a_better_class(queued, rank, ahead):
+    assert gpus_ahead(rank, queued) == ahead
+
+
+def test_a_cluster_counts_a_batchs_earlier_jobs_ahead_of_its_later_ones():
+    cluster = Cluster(gpus=2, free_gpus=0, queued=(standing(1),))
+    assert cluster.room(2) == Room(2, 0, 1) and not cluster.room(2).full
+    after = cluster.with_queued(1).with_queued(2, gpus=3)
+    assert after.room(2) == Room(2, 0, 2) and after.room(2).full
+    assert after.room(3).gpus_ahead == 5 and after.room(1).gpus_ahead == 0
+
+
+def test_the_notes_say_why_a_job_is_held_and_when_it_is_queued():
+    assert held_note(FULL) == (
+        "the cluster is full for it: no GPU is free, and new work of more urgent tiers already waits for "
+        "4 GPU(s) (the cluster has 4)"
+    )
+    assert release_note(forced=False, hold=HOLD_WHEN_FULL) == (
+        "it is queued at the first forecast at which it would start, or when admission reopens"
+    )
+    assert release_note(forced=True, hold=HOLD_WHEN_FULL) == release_note(forced=False, hold=HOLD_ALL)
+    assert release_note(forced=False, hold=HOLD_ALL) == "it is queued when admission reopens"
 
 
 def test_closed_note_names_the_forecast_and_the_threshold():
@@ -170,6 +252,7 @@ def test_pct_shows_enough_digits_to_differ_from_the_threshold():
         ({"prefetch_below": 0.8, "prefetch_off_above": 0.9}, "prefetch_off_above", "below close_above"),
         ({"max_workers": 0}, "max_workers", "at least 1"),
         ({"scale_out_above": -1}, "scale_out_above", "above 0"),
+        ({"hold": "some"}, "hold", "hold must be one of when-full, all, not 'some'"),
     ],
 )
 def test_threshold_problems(changes, field, says):

@@ -47,15 +47,19 @@ def test_json_for_machines(tmp_path):
 
 
 def test_admission_control_on_request(tmp_path):
-    # Two GPUs busy for 10 minutes: admission closes at the first forecast and holds the SP job.
+    # Two GPUs busy for 10 minutes: admission closes at the first forecast. By default it holds
+    # nothing here (the SP job has no work ahead of it); holding all holds the SP job.
     rows = ["job_id,submit_time,duration,num_gpu,tier"]
     rows += ["a,0,600,1,BK", "b,1,600,1,BK", "c,70,10,1,SP"]
     path = write(tmp_path, "\n".join(rows) + "\n")
     args = (path, "--format", "csv", "--gpus", "2", "--policy", "clockq", "--slack", "1000", "--json")
-    held = json.loads(replay(*args, "--admission"))["policies"][0]
+    when_full = json.loads(replay(*args, "--admission"))["policies"][0]
+    held = json.loads(replay(*args, "--admission", "all"))["policies"][0]
     plain = json.loads(replay(*args))["policies"][0]
+    assert (when_full["held_jobs"], when_full["admission_closures"]) == (0, 1)
     assert (held["held_jobs"], held["admission_closures"]) == (1, 1)
     assert (plain["held_jobs"], plain["admission_closures"]) == (0, 0)
+    assert when_full["tiers"]["SP"]["wait_mean_s"] == plain["tiers"]["SP"]["wait_mean_s"]
     assert held["tiers"]["SP"]["wait_mean_s"] > plain["tiers"]["SP"]["wait_mean_s"]
 
 

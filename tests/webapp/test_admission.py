@@ -15,7 +15,9 @@ from tests.helpers import post_form, token_auth
 pytestmark = pytest.mark.django_db
 
 BODY = {"name": "train", "tier": "SP", "workload": "synthetic", "params": {"steps": 10}}
-HELD_NOTE = "Held: admission closed by oscar. The job is kept and is queued when admission reopens; nothing is dropped."
+HELD_NOTE = (
+    "Held: admission closed by oscar. The job is kept, and it is queued when admission reopens; nothing is dropped."
+)
 
 
 def post(client, body, auth):
@@ -50,9 +52,26 @@ def test_an_rt_job_is_still_queued_through_the_api(client, alice, closed):
 
 
 def test_a_closed_forecast_is_named_in_the_answer(client, alice):
+    # One GPU, busy, and a new HP job waiting for it: the SP job would wait anyway.
+    auth = token_auth(alice)
+    running, _ = (post(client, {**BODY, "tier": "HP"}, auth).json() for _ in range(2))
+    Job.objects.filter(pk=running["id"]).update(state="running")
+    control.apply_forecast(0.91, workers=1)
+    body = post(client, BODY, auth).json()
+    assert body["admission_note"] == (
+        "Held: admission closed (forecast 91% > 85%). The job is kept, and it is queued at the first forecast "
+        "at which it would start, or when admission reopens; nothing is dropped."
+    )
+
+
+def test_a_closed_forecast_queues_a_job_while_a_gpu_is_free(client, alice):
     control.apply_forecast(0.91, workers=1)
     body = post(client, BODY, token_auth(alice)).json()
-    assert body["admission_note"].startswith("Held: admission closed (forecast 91% > 85%).")
+    assert (body["state"], body["held_for_admission"], body["admission_note"]) == ("queued", False, None)
+    client.force_login(alice)
+    form = client.get("/jobs/new").content.decode()
+    assert "Admission closed (forecast 91% &gt; 85%)." in form
+    assert "A new job is queued as usual unless the cluster is full for it" in form
 
 
 def test_with_admission_open_nothing_changes(client, alice):

@@ -74,9 +74,13 @@ class Command(BaseCommand):
         parser.add_argument("--switch-cost-factor", default="1", help="multiply every switch cost (2: twice)")
         parser.add_argument(
             "--admission",
-            action="store_true",
+            nargs="?",
+            const=control.HOLD_WHEN_FULL,
+            default=None,
+            choices=control.HOLD_MODES,
             help="replay with admission control: the live rules (close above 85%%, reopen below 75%%) on a "
-            "persistence forecast of the load index, every 60 s",
+            "persistence forecast of the load index, every 60 s; what a closed admission holds, as "
+            "CLOCKQ_ADMISSION_HOLDS (default when-full: only jobs that would wait anyway)",
         )
         parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
         parser.add_argument("--plot", default=None, help="wait CDFs per policy and tier: out.html or out.png")
@@ -111,7 +115,7 @@ class Command(BaseCommand):
                     factor=_option("switch-cost-factor", _positive, o["switch_cost_factor"]),
                 ),
                 seed=o["seed"],
-                admission=control.Thresholds() if o["admission"] else None,
+                admission=control.Thresholds(hold=o["admission"]) if o["admission"] else None,
                 progress=None if o["quiet"] else self._progress,
             )
             trace = traces.load(
