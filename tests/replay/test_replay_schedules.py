@@ -123,6 +123,27 @@ def ordering_rank(code: str) -> int:
     return next(t.rank for t in TIERS if t.code == code)
 
 
+def test_the_replay_runs_on_the_ladder_it_is_given():
+    # The same pair on a ladder whose first rung is 100 GPU-s (CLOCKQ_SERVICE_LADDER_S=100,8000
+    # live): A makes way for B once it has had 100 s, not BK's default 300.
+    pair = Trace("pair", [job(k, 0, 1000, "BK") for k in "AB"])
+    _, jobs = run("clockq", pair, ladder=ordering.Ladder(base_gpu_s=(100.0, 8000.0)))
+    assert jobs["B"].first_start_s == pytest.approx(100.0)
+    assert times(jobs, "preemptions") == {"A": 1, "B": 0}
+
+
+@pytest.mark.parametrize(
+    ("ladder", "message"),
+    [
+        ((100.0, 800.0), "must be an ordering.Ladder"),
+        (ordering.Ladder(tiers=3), "for 3 tiers, the replay has 5"),
+    ],
+)
+def test_a_replay_refuses_a_ladder_that_is_not_one_for_its_tiers(ladder, message):
+    with pytest.raises(ValueError, match=message):
+        Config(gpus=1, ladder=ladder)
+
+
 def test_clockq_pays_the_switch_cost_of_the_job_that_makes_way():
     # 1 GPU; a 100 MB BK job is cut short by an RT job: the RT job starts once the BK job's
     # switch (10 ms fixed + 100 MB x 1 ms) is paid, and the GPU time is counted as switching.
