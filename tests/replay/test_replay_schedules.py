@@ -241,6 +241,17 @@ def test_the_replay_calls_those_functions(monkeypatch):
     assert set(calls) == {name for _, name in SHARED_WITH_LIVE + ORDER}, calls
 
 
+def test_the_replay_orders_waiting_jobs_by_the_policys_order_key(monkeypatch):
+    # Given one GPU held by A while B, C and D (all of one tier and level) arrive
+    trace = Trace("queue", [job("A", 0, 10, "BK"), job("B", 1, 1, "BK"), job("C", 2, 1, "BK"), job("D", 3, 1, "BK")])
+    assert run("clockq", trace)[0].start_order == ["A", "B", "C", "D"]  # the first submitted first
+    # When the policy's key puts the last submitted first
+    original = ordering.order_key
+    monkeypatch.setattr(ordering, "order_key", lambda s: (*original(s)[:4], -s.submitted, s.job_id))
+    # Then the replay follows it: its order comes from ordering.order_key, not a rule of its own
+    assert run("clockq", trace)[0].start_order == ["A", "D", "C", "B"]
+
+
 def test_changing_the_policy_changes_the_replay(monkeypatch):
     # A policy under which nobody makes way turns clockq into run-to-completion: the replay
     # follows whatever clockq/policy decides. D (RT) then times out waiting behind A.
