@@ -3,11 +3,20 @@
 Usage (from the repository root; the API token in the environment, never on the command line):
 
     CLOCKQ_API_TOKEN=... .venv/bin/python bench/replay_live.py TRACE --format F --gpus N \
-        --url http://127.0.0.1:8000 [--compress 25] [--kpi-wait 90s] [--json]
+        --url http://127.0.0.1:8000 [--compress 25] [--ladder 300,1200,4800,19200,76800,307200] [--kpi-wait 90s] [--json]
 
 The trace's jobs go to the clockq at URL as `synthetic` jobs through the public API, as a user's
 script would send them; the simulator (`python manage.py replay`, clockq/replay) replays the same
 converted jobs on the same number of GPUs. `python manage.py createtoken USER` makes a token.
+
+`--compress N` divides the service ladder by N as it divides run times, on both sides: the live
+GPU workers must run with CLOCKQ_SERVICE_LADDER_S set to the compressed ladder (the script says
+which, and refuses a cluster whose workers announce another). The simulator runs without
+admission control, so the cluster should run with admission that cannot close (the script warns
+when a job was held). For --compress 25:
+
+    CLOCKQ_GPUS=sim:2 CLOCKQ_SERVICE_LADDER_S=12,96,768,6144 CLOCKQ_ADMISSION_CLOSE_ABOVE=100 \
+        .venv/bin/python manage.py runstack
 """
 
 from __future__ import annotations
@@ -21,8 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.live_replay import DEFAULT_STATE_KB_CAP, DEFAULT_STEP_MS, LiveError, render, run_live, token_from_env
+from clockq.policy.ordering import DEFAULT_LADDER, Ladder
 from clockq.replay import traces
-from clockq.replay.config import Config, SwitchCost
+from clockq.replay.config import Config, SwitchCost, ladder_from_text
 from clockq.replay.model import TraceError
 
 
@@ -51,6 +61,13 @@ def seconds(text: str) -> float:
     return positive(text[:-1] if unit else text) * (unit or 1)
 
 
+def ladder(text: str) -> Ladder:
+    try:
+        return ladder_from_text(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace", help="path to the trace file")
@@ -64,7 +81,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--switch-cost-ms-per-mb", type=number, default=1.2, help="simulator: per MB of state, ms")
     p.add_argument("--switch-cost-factor", type=positive, default=1.0, help="simulator: multiply every switch cost")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compress", type=positive, default=1.0, help="divide arrivals and run times by this")
+    p.add_argument(
+        "--compress", type=positive, default=1.0, help="divide arrivals, run times and the service ladder by this"
+    )
+    p.add_argument(
+        "--ladder",
+        type=ladder,
+        default=DEFAULT_LADDER,
+        help="clockq's service ladder in trace GPU-seconds (default 300,1200,4800,19200,76800,307200), before --compress",
+    )
     p.add_argument("--step-ms", type=positive, default=DEFAULT_STEP_MS, help="a synthetic step, ms (default 20)")
     p.add_argument("--state-kb", type=int, default=DEFAULT_STATE_KB_CAP, help="cap on a job's state, KB (1024)")
     p.add_argument("--timeout", type=seconds, default=None, help="give up after (default 60s + 2 x the simulator's)")
@@ -83,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 fixed_ms=args.switch_cost_ms, per_mb_ms=args.switch_cost_ms_per_mb, factor=args.switch_cost_factor
             ),
             seed=args.seed,
+            ladder=args.ladder,
         )
         # Every job runs on one GPU live, so a trace's gang jobs fit however many GPUs there are.
         trace = traces.load(

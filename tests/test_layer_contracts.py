@@ -19,15 +19,18 @@ PLANTS = {
     "Clients over one core": ("workers/planted.py", "import webapp.views", "workers.planted"),
     "The rest of clockq imports no client": ("clockq/stack/planted.py", "import control.tasks", "clockq.stack.planted"),
     "The policy is pure": ("clockq/policy/planted.py", "import django.db", "clockq.policy.planted"),
-    "The trace replay runs the pure policy only": (
+    "The trace replay imports from clockq only clockq.policy": (
         "clockq/replay/planted.py",
-        "import clockq.jobs.models",
+        "import clockq.settings",
         "clockq.replay.planted",
     ),
     "Only workloads and the predictor import TensorFlow": ("webapp/planted.py", "import tensorflow", "webapp.planted"),
     "The predictor's series code is pure": ("predictor/series.py", "import keras", "predictor.series"),
     "Only workers import NVML": ("control/planted.py", "import pynvml", "control.planted"),
 }
+
+
+REPLAY = "The trace replay imports from clockq only clockq.policy"
 
 
 def contracts() -> list[str]:
@@ -59,3 +62,18 @@ def test_each_planted_import_breaks_its_contract(tmp_path):
         section = broken.split(start, 1)[1].split("\n\n\n", 1)[0] if start in broken else ""
         assert module in section and line.split()[-1].split(".")[0] in section, f"{start!r} missed {line!r}:\n{report}"
     assert "0 kept" in report, report
+
+
+def test_the_replay_contract_names_every_module_of_clockq_but_the_policy():
+    # Given the contract that keeps the simulator to clockq.policy (a forbidden contract: it
+    # lists what the replay may not import, so a module added to clockq must be added to it)
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["name"].startswith(REPLAY))
+    forbidden = {m for m in contract["forbidden_modules"] if m.startswith("clockq.")}
+    # Then it forbids every module and package directly under clockq but the policy and the replay
+    children = {
+        p.stem if p.is_file() else p.name
+        for p in (ROOT / "clockq").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+    }
+    assert forbidden == {f"clockq.{c}" for c in children - {"policy", "replay"}}

@@ -26,9 +26,16 @@ What runs live, and in the simulator (`plan.convert`):
   would test the SLO check's 10 s tick rather than the schedule. Tier start timeouts (RT: 1 s)
   still apply on both sides.
 - **Order.** Both order jobs by `clockq.policy.ordering` (service levels, no turns within a
-  class); the live workers read the standings from the database (clockq/jobs/order.py). The
-  live service ladder is CLOCKQ_SERVICE_LADDER_S: for a compressed replay, compress it by the
-  same factor as the trace, or the levels of the two sides differ.
+  class); the live workers read the standings from the database (clockq/jobs/order.py).
+- **The service ladder is compressed too.** `compress` divides the ladder's rungs as it divides
+  run times (`plan.compress_ladder`), so a job crosses the same rungs on both sides as in the
+  trace: the simulator runs `Config.ladder / compress`, and the live GPU workers must run with
+  CLOCKQ_SERVICE_LADDER_S set to the same rungs. Each GPU worker announces its ladder in its
+  heartbeat (`service_ladder_s` in /api/queues), and `check_cluster` refuses a cluster whose
+  workers run another one, or none, before anything is submitted, naming the setting to start
+  it with. (The bench does not start the stack itself: it is a client of any running clockq.)
+- **One user.** Every live job is the token's user's, so the simulator is given one user too:
+  fair share between users is not part of the comparison.
 
 Where the two usually differ, and why:
 
@@ -46,6 +53,10 @@ Where the two usually differ, and why:
   50-60 ms slices and takes 15-20 % longer than steps * step_ms; after its first switch its
   slices follow its measured switch cost and the overrun falls to about 1 %. A job that waits
   for a GPU waits out the overrun of the job before it.
+- **Making way at a boundary.** A running SP, BP or BK job that a waiting job comes before
+  leaves live at its next slice boundary; in the simulator at once, if it has had one planned
+  slice since it got its GPU (`ordering.leaves_at`). A job that arrives while every GPU runs
+  later work therefore waits up to one live slice (some 0.2-0.8 s) longer live.
 - **Beat's ticks.** Promotions (and batch chances) happen at beat's 10 s ticks on the wall
   clock; the simulator ticks on a 10 s grid from its time 0. Their phases differ by up to 10 s,
   so a promoted job may start up to one tick earlier or later.

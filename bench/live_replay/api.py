@@ -4,12 +4,16 @@ matches the simulated one."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import requests
+
+from clockq.policy import ordering
+from clockq.replay.config import ladder_text
 
 TOKEN_ENV = "CLOCKQ_API_TOKEN"
 
@@ -74,24 +78,51 @@ class Client:
         return self.request("GET", "/api/kpis", params={"since": since.isoformat(), "until": until.isoformat()})
 
 
-def check_cluster(client: Client, gpus: int) -> list[str]:
-    """Refuse a cluster with another number of live GPU workers than the simulator's; warn when
-    jobs already wait or run there (they take GPUs the simulator does not know of)."""
+def check_cluster(client: Client, gpus: int, ladder: ordering.Ladder = ordering.DEFAULT_LADDER) -> list[str]:
+    """Refuse a cluster with another number of live GPU workers than the simulator's, or whose
+    GPU workers order jobs on another service ladder than the simulator's `ladder` (each worker
+    announces its CLOCKQ_SERVICE_LADDER_S); warn when jobs already wait or run there (they take
+    GPUs the simulator does not know of)."""
     answer = client.queues()
     workers = answer.get("workers")
     if workers is None:
         raise LiveError(f"{client.url}/api/queues cannot list the workers (is its broker down?)")
-    live_gpus = sum(1 for w in workers if w.get("gpu") is not None)
-    if live_gpus != gpus:
+    gpu_workers = [w for w in workers if w.get("gpu") is not None]
+    if len(gpu_workers) != gpus:
         raise LiveError(
-            f"the live cluster has {live_gpus} GPU worker(s) and the simulator {gpus}: "
-            f"run with --gpus {live_gpus}, or start the cluster with {gpus} (CLOCKQ_GPUS=sim:{gpus})"
+            f"the live cluster has {len(gpu_workers)} GPU worker(s) and the simulator {gpus}: "
+            f"run with --gpus {len(gpu_workers)}, or start the cluster with {gpus} (CLOCKQ_GPUS=sim:{gpus})"
         )
+    _check_ladders(gpu_workers, ladder)
     busy = {t["tier"]: t["waiting"] + t["running"] + t["held"] for t in answer.get("tiers", [])}
     busy = {tier: n for tier, n in busy.items() if n}
     if busy:
         return [f"the cluster was not idle at the start (waiting, running or held: {busy}): other work shares the GPUs"]
     return []
+
+
+def _check_ladders(gpu_workers: list[dict[str, Any]], ladder: ordering.Ladder) -> None:
+    """Every GPU worker must order by the simulator's ladder: a compressed replay on the default
+    ladder compares two different orders (no live job would reach a rung)."""
+    wanted = ladder.base_gpu_s
+    off = {}
+    for w in gpu_workers:
+        theirs = w.get("service_ladder_s")
+        if not _same_rungs(theirs, wanted):
+            off[w.get("hostname", "?")] = "not announced (an older clockq?)" if theirs is None else theirs
+    if off:
+        raise LiveError(
+            f"the live GPU workers do not order jobs on the simulator's service ladder ({ladder_text(ladder)} "
+            f"GPU-seconds, the trace's divided by --compress); theirs: {off}. Restart the cluster with "
+            f"CLOCKQ_SERVICE_LADDER_S={ladder_text(ladder)}"
+        )
+
+
+def _same_rungs(theirs: Any, wanted: tuple[float, ...]) -> bool:
+    if not (isinstance(theirs, list) and len(theirs) == len(wanted)):
+        return False
+    pairs = zip(theirs, wanted, strict=True)
+    return all(isinstance(a, int | float) and math.isclose(a, b, rel_tol=1e-9) for a, b in pairs)
 
 
 def parse_time(raw: str | None) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.live_replay.plan import LivePlan
 from bench.live_replay.readback import LiveJob
+from clockq.policy.tiers import TIERS
 from clockq.replay.model import RunResult
 
 
@@ -60,6 +61,7 @@ def compare(
         "capped_state_jobs": plan.capped_state_jobs,
         "start_order": _start_order(sim, live_order, per_job),
         "wait_mean_s": _wait_means(sim, per_job),
+        "jct_mean_s": _jct_means(per_job),
         "utilisation": {
             "sim": _sim_utilisation(plan, sim, gpus),
             "live": _live_utilisation(live, gpus, live_last - live_first),
@@ -68,17 +70,19 @@ def compare(
             "sim": dict(Counter(row["sim_state"] for row in per_job)),
             "live": dict(Counter(row["live_state"] for row in per_job)),
         },
+        "rungs": _rungs(plan, live),
         "switches": {
             "sim_preemptions": sum(r.preemptions for r in sim.jobs),
             "live_yields": sum(j.yields for j in live),
             "sim_promotions": sum(r.promotions for r in sim.jobs),
             "live_promotions": sum(j.promotions for j in live),
+            "live_holds": sum(j.holds for j in live),
         },
         "submit_lag_s": {"mean": _mean(submit_lags), "max": max(submit_lags, default=None)},
         "live_window": {"since": _iso(origin), "until": _iso(origin + timedelta(seconds=live_last))},
         "kpis": _kpi_digest(kpis, {tj.tier for tj in plan.trace.jobs}),
         "per_job": per_job,
-        "warnings": list(warnings),
+        "warnings": [*warnings, *_hold_warnings(live)],
         "mapping": list(plan.trace.mapping),
     }
 
@@ -132,6 +136,33 @@ def _start_order(sim: RunResult, live_order: list[str], per_job: list[dict[str, 
     return order
 
 
+def _hold_warnings(live: Sequence[LiveJob]) -> list[str]:
+    """Live holds have no counterpart in the simulator (it runs without admission control): a
+    held job's wait includes its hold, and the comparison no longer compares the order."""
+    held = [j.key for j in live if j.holds]
+    if not held:
+        return []
+    return [
+        f"{len(held)} live job(s) were held (admission closed, or an operator's hold), which the simulator "
+        f"does not do: {' '.join(held[:20])}{' ...' if len(held) > 20 else ''}. For a live replay, start the "
+        "cluster with admission control that cannot close (CLOCKQ_ADMISSION_CLOSE_ABOVE=100)"
+    ]
+
+
+def _rungs(plan: LivePlan, live: Sequence[LiveJob]) -> dict[str, Any]:
+    """The ladder both sides ran, and how many jobs passed their tier's first rung: in the
+    simulator by run time, live by the service the slices recorded (a live job computes a little
+    longer than its steps, so a job just short of a rung may cross it live only)."""
+    rank = {t.code: t.rank for t in TIERS}
+    tier = {tj.key: tj.tier for tj in plan.trace.jobs}
+    first = {key: plan.ladder.rungs(rank[code])[0] for key, code in tier.items()}
+    return {
+        "ladder_s": list(plan.ladder.base_gpu_s),
+        "sim_past_first_rung": plan.past_first_rung(),
+        "live_past_first_rung": sum(1 for j in live if j.busy_s >= first[j.key]),
+    }
+
+
 def _wait_means(sim: RunResult, per_job: list[dict[str, Any]]) -> dict[str, Any]:
     sim_waits = [w for w in (r.wait_s for r in sim.jobs) if w is not None]
     live_waits = [row["live_wait_s"] for row in per_job if row["live_wait_s"] is not None]
@@ -143,6 +174,15 @@ def _wait_means(sim: RunResult, per_job: list[dict[str, Any]]) -> dict[str, Any]
         "sim_started": len(sim_waits),
         "live_started": len(live_waits),
     }
+
+
+def _jct_means(per_job: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean completion time (submit to end) over the jobs that succeeded on both sides: with the
+    order by attained service, a short job passes a long one, and this is where it shows."""
+    both = [r for r in per_job if r["sim_state"] == "succeeded" and r["live_state"] == "succeeded"]
+    sim_mean = _mean([r["sim_finish_s"] - r["submit_s"] for r in both])
+    live_mean = _mean([r["live_finish_s"] - r["live_submit_s"] for r in both])
+    return {"sim": sim_mean, "live": live_mean, "jobs": len(both)}
 
 
 def _sim_utilisation(plan: LivePlan, sim: RunResult, gpus: int) -> dict[str, Any]:

@@ -3,11 +3,14 @@ one POST body per job, and the simulator's replay of the same converted jobs."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from clockq.replay.config import Config
+from clockq.policy import ordering
+from clockq.policy.tiers import TIERS
+from clockq.replay.config import Config, ladder_text
 from clockq.replay.model import RunResult, Trace
 from clockq.replay.policies import replay
 
@@ -31,6 +34,19 @@ class LivePlan:
     state_kb_cap: int
     multi_gpu_jobs: int  # jobs that asked for more than one GPU in the original trace
     capped_state_jobs: int  # jobs whose state was cut to state_kb_cap
+    ladder: ordering.Ladder = ordering.DEFAULT_LADDER  # in live seconds: the trace's, compressed
+
+    def past_first_rung(self) -> int:
+        """Jobs whose run time passes the first rung of their tier's ladder: those whose level
+        changes while they run, so that the order by attained service is put to the test."""
+        rank = {t.code: t.rank for t in TIERS}
+        return sum(1 for j in self.trace.jobs if j.duration_s >= self.ladder.rungs(rank[j.tier])[0])
+
+
+def compress_ladder(ladder: ordering.Ladder, compress: float) -> ordering.Ladder:
+    """The ladder in live seconds: its rungs divided by `compress`, as run times are, so that a
+    job crosses the same rungs live as in the trace."""
+    return dataclasses.replace(ladder, base_gpu_s=tuple(rung / compress for rung in ladder.base_gpu_s))
 
 
 def convert(
@@ -39,6 +55,7 @@ def convert(
     compress: float = 1.0,
     step_ms: float = DEFAULT_STEP_MS,
     state_kb_cap: int = DEFAULT_STATE_KB_CAP,
+    ladder: ordering.Ladder = ordering.DEFAULT_LADDER,
     name_prefix: str = "replay",
 ) -> LivePlan:
     """Turn `trace` into what the live system can run, and the same jobs for the simulator.
@@ -50,17 +67,13 @@ def convert(
     steps of `step_ms`, and the simulator gets exactly steps * step_ms. The state is the job's
     checkpoint_mb in KB, capped at `state_kb_cap` (a compressed replay cannot afford GB
     checkpoints); the simulator prices switches for the capped size. Deadlines are dropped on
-    both sides. gpu_util is the job's avg_util, else 0.9, on both sides.
+    both sides. gpu_util is the job's avg_util, else 0.9, on both sides. The service ladder
+    (`ladder`, in trace GPU-seconds) is divided by `compress` too. Every job is the one user's
+    whose token submits them live, in the simulator too: the trace's users are dropped.
     """
-    if not (math.isfinite(compress) and compress > 0):
-        raise ValueError(f"compress must be a finite number > 0, not {compress!r}")
-    if not (math.isfinite(step_ms) and 0 < step_ms <= MAX_STEP_MS):
-        raise ValueError(f"step_ms must be above 0 and at most {MAX_STEP_MS:g}, not {step_ms!r}")
-    if not (isinstance(state_kb_cap, int) and 0 <= state_kb_cap <= MAX_STATE_KB):
-        raise ValueError(f"state_kb_cap must be a whole number from 0 to {MAX_STATE_KB}, not {state_kb_cap!r}")
-    if not trace.jobs:
-        raise ValueError("the trace has no jobs")
+    _check_options(trace, compress=compress, step_ms=step_ms, state_kb_cap=state_kb_cap)
     origin = trace.jobs[0].submit_s
+    live_ladder = compress_ladder(ladder, compress)
     jobs, bodies = [], []
     multi = capped = 0
     for job in trace.jobs:
@@ -85,6 +98,7 @@ def convert(
                 deadline_s=None,
                 checkpoint_mb=state_kb / 1024,
                 avg_util=gpu_util,
+                user="",
             )
         )
         bodies.append(
@@ -104,11 +118,24 @@ def convert(
         f"live mode: state = checkpoint_mb in KB, capped at {state_kb_cap} KB ({capped} job(s) capped); "
         "switches cost what the capped state costs, on both sides",
         "live mode: no deadlines on either side; tier start timeouts still apply",
+        f"live mode: clockq's service ladder / {compress:g}: {ladder_text(live_ladder)} GPU-seconds, on both sides",
+        "live mode: every job is one user's (the API token's), in the simulator too",
     ]
     converted = replace(trace, jobs=jobs, mapping=mapping)
-    return LivePlan(converted, bodies, compress, step_ms, state_kb_cap, multi, capped)
+    return LivePlan(converted, bodies, compress, step_ms, state_kb_cap, multi, capped, live_ladder)
+
+
+def _check_options(trace: Trace, *, compress: float, step_ms: float, state_kb_cap: int) -> None:
+    if not (math.isfinite(compress) and compress > 0):
+        raise ValueError(f"compress must be a finite number > 0, not {compress!r}")
+    if not (math.isfinite(step_ms) and 0 < step_ms <= MAX_STEP_MS):
+        raise ValueError(f"step_ms must be above 0 and at most {MAX_STEP_MS:g}, not {step_ms!r}")
+    if not (isinstance(state_kb_cap, int) and 0 <= state_kb_cap <= MAX_STATE_KB):
+        raise ValueError(f"state_kb_cap must be a whole number from 0 to {MAX_STATE_KB}, not {state_kb_cap!r}")
+    if not trace.jobs:
+        raise ValueError("the trace has no jobs")
 
 
 def simulate(plan: LivePlan, config: Config) -> RunResult:
-    """clockq's policy replayed over the converted trace."""
-    return replay(plan.trace, "clockq", replace(config, progress=None))
+    """clockq's policy replayed over the converted trace, on the plan's (compressed) ladder."""
+    return replay(plan.trace, "clockq", replace(config, ladder=plan.ladder, progress=None))

@@ -113,6 +113,7 @@ class LiveJob:
     held_s: float | None  # holding its GPU: the slices' wall time (None: history capped)
     yields: int  # times it left its GPU before the end (running -> queued)
     promotions: int
+    holds: int = 0  # times it was held (admission closed, an operator's hold): the simulator holds none
 
     @property
     def wait_s(self) -> float | None:
@@ -156,6 +157,7 @@ def live_job(s: Submitted, answer: dict[str, Any]) -> LiveJob:
             if e["from_state"] == e["to_state"] == "queued"
             and str(e.get("reason", "")).startswith(("promoted", "batch chance"))
         ),
+        holds=sum(1 for e in events if e["to_state"] == "held" and e["from_state"] != "held"),
     )
 
 

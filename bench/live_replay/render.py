@@ -33,17 +33,21 @@ def _verdicts(c: dict[str, Any]) -> list[str]:
         if o["not_started"][side]:
             lines.append(f"  never started ({side}): {' '.join(o['not_started'][side])}")
     diff = "" if w["diff"] is None else f" ({w['diff']:+.2f} s)"
+    jct = c["jct_mean_s"]
     return [
         *lines,
         f"mean wait:   sim {_s(w['sim'])} s over {w['sim_started']}, "
         f"live {_s(w['live'])} s over {w['live_started']}{diff}",
+        f"mean JCT:    sim {_s(jct['sim'])} s, live {_s(jct['live'])} s, over {jct['jobs']} jobs done on both sides",
         f"utilisation: sim {_pct(u['sim']['busy'])} computing, {_pct(u['sim']['held'])} held, "
         f"over {_s(u['sim']['span_s'], 1)} s; live {_pct(u['live']['busy'])} computing, "
         f"{_pct(u['live']['held'])} held, over {_s(u['live']['span_s'], 1)} s",
         f"ended:       sim {c['states']['sim']}, live {c['states']['live']}",
         f"switches:    sim {c['switches']['sim_preemptions']} yields (turns and RT preemptions) and "
         f"{c['switches']['sim_promotions']} promotions; live {c['switches']['live_yields']} yields and "
-        f"{c['switches']['live_promotions']} promotions",
+        f"{c['switches']['live_promotions']} promotions, {c['switches']['live_holds']} holds",
+        f"service:     ladder {_rungs(c['rungs']['ladder_s'])} s; jobs past their tier's first rung: "
+        f"sim {c['rungs']['sim_past_first_rung']}, live {c['rungs']['live_past_first_rung']}",
         f"submission:  {_s(c['submit_lag_s']['mean'], 3)} s late on average, at most "
         f"{_s(c['submit_lag_s']['max'], 3)} s",
     ]
@@ -108,6 +112,10 @@ def _per_job_table(c: dict[str, Any]) -> list[str]:
         )
         lines.append("  " + "  ".join(cells))
     return lines
+
+
+def _rungs(ladder: list[float]) -> str:
+    return ",".join(f"{rung:.12g}" for rung in ladder)
 
 
 def _s(value: float | None, digits: int = 2) -> str:

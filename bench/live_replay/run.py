@@ -32,16 +32,18 @@ def run_live(
 ) -> dict[str, Any]:
     """Convert, simulate, submit, wait, read back, compare (see bench/live_replay/__init__.py).
 
-    The simulator runs first: its makespan bounds the wait, by default 60 s + twice its last
-    finish. If the run is cut short (timeout, an error, Ctrl-C), the jobs it submitted that have
-    not ended are cancelled, and the error says so."""
-    plan = convert(trace, compress=compress, step_ms=step_ms, state_kb_cap=state_kb_cap)
+    `config.ladder` is the trace's service ladder: both sides run it divided by `compress`, and
+    a cluster whose GPU workers run another is refused before anything is submitted
+    (check_cluster). The simulator runs first: its makespan bounds the wait, by default 60 s +
+    twice its last finish. If the run is cut short (timeout, an error, Ctrl-C), the jobs it
+    submitted that have not ended are cancelled, and the error says so."""
+    plan = convert(trace, compress=compress, step_ms=step_ms, state_kb_cap=state_kb_cap, ladder=config.ladder)
     sim = simulate(plan, config)
     sim_end = max((r.finish_s or 0.0 for r in sim.jobs), default=0.0)
     if timeout_s is None:
         timeout_s = 60.0 + 2.0 * sim_end
     client = client or Client(url, token)
-    warnings = check_cluster(client, config.gpus)
+    warnings = check_cluster(client, config.gpus, plan.ladder)
     if progress:
         progress(
             f"live: {len(plan.bodies)} jobs to {client.url} on {config.gpus} GPU(s); the simulator expects "

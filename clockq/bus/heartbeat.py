@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from django.conf import settings
 
 from clockq.bus.client import client
 
@@ -34,13 +35,16 @@ def announce(r: redis.Redis, info: dict[str, Any]) -> None:
 def start(hostname: str, gpu_index: int | None = None, on_beat: Callable[[], None] | None = None) -> threading.Thread:
     """Announce this worker process every INTERVAL_S seconds, from a daemon thread, for as long
     as the process lives; `on_beat` runs after each announcement (a GPU worker's parent
-    publishes its GPU's telemetry there while idle)."""
+    publishes its GPU's telemetry there while idle). The announcement carries the service
+    ladder this process orders jobs by, so that a client can tell which order a cluster runs
+    (bench/replay_live.py refuses to compare with a simulator on another ladder)."""
     info = {
         "hostname": hostname,
         "gpu": gpu_index,
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": time.time(),
+        "service_ladder_s": list(settings.CLOCKQ_SERVICE_LADDER_S),
     }
 
     def beat() -> None:

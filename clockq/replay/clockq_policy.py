@@ -42,7 +42,7 @@ class ClockqReplay(Replay):
     def __init__(self, trace: Trace, config: Config):
         super().__init__(trace, config)
         ranks = max(self.tier_by_rank) + 1
-        self.ladder = ordering.Ladder(tiers=ranks)
+        self.ladder = config.ladder  # its tiers are the replay's ranks (Config checks)
         self.heaps: list[list[tuple[ordering.Key, int, int]]] = [[] for _ in range(ranks)]
         self.waiting_n = [0] * ranks
         self.held_by_lower = 0  # GPUs held by jobs of the best-effort tiers (their share)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from clockq.policy import control, promotion
+from clockq.policy import control, ordering, promotion
 from clockq.policy.tiers import TIERS, TierSpec
 from clockq.replay.admission import FORECAST_EVERY_S
 
@@ -32,6 +32,9 @@ class Config:
     switch_cost: SwitchCost = field(default_factory=SwitchCost)
     tiers: Sequence[TierSpec] = TIERS
     seed: int = 0
+    # The service ladder clockq's order runs on (CLOCKQ_SERVICE_LADDER_S live). A replay compressed
+    # in time compresses it too, or no job reaches its first rung (bench/replay_live.py does).
+    ladder: ordering.Ladder = ordering.DEFAULT_LADDER
     overhead_budget: float = 0.05  # CLOCKQ_OVERHEAD_BUDGET
     max_slice_ms: int = 5_000  # CLOCKQ_MAX_SLICE_MS
     # beat's schedule for the promotion tick and the batch chances (clockq/jobs/periodic.py)
@@ -56,6 +59,11 @@ class Config:
                 raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
         if self.admission is not None and (problems := control.threshold_problems(self.admission)):
             raise ValueError("admission thresholds: " + " ".join(p.message for p in problems))
+        if not isinstance(self.ladder, ordering.Ladder):
+            raise ValueError(f"the service ladder must be an ordering.Ladder, not {type(self.ladder).__name__}")
+        ranks = max(t.rank for t in self.tiers) + 1
+        if self.ladder.tiers != ranks:
+            raise ValueError(f"the service ladder is for {self.ladder.tiers} tiers, the replay has {ranks}")
         if self.las_starve_knob < 0:
             raise ValueError("the LAS starvation knob cannot be negative")
         if list(self.las_thresholds_gpu_s) != sorted(self.las_thresholds_gpu_s) or any(
@@ -64,4 +72,19 @@ class Config:
             raise ValueError("LAS thresholds must be positive and increasing")
 
 
-__all__ = ["Config", "SwitchCost"]
+def ladder_from_text(text: str) -> ordering.Ladder:
+    """A service ladder from its rungs for the least urgent tier, in GPU-seconds: "300,2400,19200"
+    (CLOCKQ_SERVICE_LADDER_S's form). A bad one raises ValueError saying why."""
+    try:
+        rungs = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of GPU-seconds") from None
+    return ordering.Ladder(base_gpu_s=rungs)
+
+
+def ladder_text(ladder: ordering.Ladder) -> str:
+    """The ladder's rungs as ladder_from_text and CLOCKQ_SERVICE_LADDER_S read them."""
+    return ",".join(f"{rung:.12g}" for rung in ladder.base_gpu_s)
+
+
+__all__ = ["Config", "SwitchCost", "ladder_from_text", "ladder_text"]

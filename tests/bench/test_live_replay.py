@@ -33,7 +33,7 @@ import pytest
 
 from bench import live_replay as live
 from clockq.jobs import workloads
-from clockq.policy.ordering import BASE_LADDER_GPU_S
+from clockq.policy.ordering import BASE_LADDER_GPU_S, DEFAULT_LADDER, Ladder
 from clockq.replay import traces
 from clockq.replay.config import Config
 from clockq.replay.model import JobResult, RunResult, Trace, TraceJob
@@ -88,6 +88,23 @@ def test_convert_gives_every_job_one_gpu_and_whole_steps_and_the_simulator_the_s
             workloads.validate("synthetic", body["params"], may_run_commands=False)["steps"] == body["params"]["steps"]
         )
     assert trace.jobs[0].num_gpu == 8  # the original is left alone
+
+
+def test_convert_compresses_the_ladder_with_the_run_times_and_gives_every_job_one_user():
+    # Given a job that passes the first rung of BK's ladder in the trace (300 GPU-s), and one short of it
+    trace = small_trace(job("long", 0.0, 400.0, "BK", user="ann"), job("short", 1.0, 200.0, "BK", user="bo"))
+    # When it is compressed 100 times, on a ladder of the trace's
+    plan = live.convert(trace, compress=100, ladder=Ladder(base_gpu_s=(300.0, 2400.0)))
+    # Then both sides run the ladder / 100: the long job still passes the first rung, the short one not
+    assert plan.ladder.base_gpu_s == (3.0, 24.0)
+    assert plan.past_first_rung() == 1
+    assert any("ladder / 100: 3,24 GPU-seconds" in line for line in plan.trace.mapping)
+    # And every job is the one user's who submits them live (the simulator's fair share sees one)
+    assert {j.user for j in plan.trace.jobs} == {""}
+    # And the simulator runs that ladder, whatever the config's: on one GPU the long job makes way
+    # for the short one at 3 s of service (on the default ladder it would at 300)
+    sim = {r.job.key: r for r in live.simulate(plan, Config(gpus=1)).jobs}
+    assert sim["long"].preemptions == 1 and sim["short"].first_start_s == pytest.approx(3.0, abs=0.05)
 
 
 @pytest.mark.parametrize(
@@ -222,6 +239,7 @@ class FakeApi:
 
     def __init__(self, clock: FakeClock, state: str = "succeeded", workers: int = 2):
         self.clock, self.state, self.workers = clock, state, workers
+        self.ladder: list[float] | None = list(BASE_LADDER_GPU_S)  # what each GPU worker announces
         self.sent: list[tuple[float, dict]] = []
         self.cancelled: list[int] = []
 
@@ -238,7 +256,8 @@ class FakeApi:
 
     def queues(self):
         tiers = [{"tier": "SP", "waiting": 1, "running": 0, "held": 0}]
-        return {"tiers": tiers, "workers": [{"gpu": i} for i in range(self.workers)] + [{"gpu": None}]}
+        gpus = [{"hostname": f"gpu{i}@h", "gpu": i, "service_ladder_s": self.ladder} for i in range(self.workers)]
+        return {"tiers": tiers, "workers": [*gpus, {"hostname": "control@h", "gpu": None}]}
 
 
 def test_submit_all_sends_each_job_at_its_time_by_the_monotonic_clock():
@@ -267,6 +286,27 @@ def test_the_cluster_must_have_as_many_gpus_as_the_simulator():
         live.check_cluster(api, 2)  # type: ignore[arg-type]
     api.workers = 2
     assert "not idle" in live.check_cluster(api, 2)[0]  # type: ignore[arg-type]
+
+
+def test_the_cluster_must_order_by_the_simulators_ladder():
+    # Given a replay compressed 25 times: the simulator runs the default ladder / 25
+    api = FakeApi(FakeClock())
+    compressed = live.convert(small_trace(job("j", 0.0, 50.0)), compress=25).ladder
+    expected = tuple(r / 25 for r in DEFAULT_LADDER.base_gpu_s)
+    assert compressed.base_gpu_s == pytest.approx(expected)
+    setting = ",".join(f"{r:g}" for r in expected)
+    # When the workers run the default ladder, or announce none, the run is refused, saying what to set
+    with pytest.raises(live.LiveError, match=f"CLOCKQ_SERVICE_LADDER_S={setting}") as refused:
+        live.check_cluster(api, 2, compressed)  # type: ignore[arg-type]
+    assert "gpu0@h" in str(refused.value) and "gpu1@h" in str(refused.value)
+    api.ladder = None
+    with pytest.raises(live.LiveError, match="not announced"):
+        live.check_cluster(api, 2, compressed)  # type: ignore[arg-type]
+    # Then a cluster started with the compressed ladder is taken
+    api.ladder = list(expected)
+    assert live.check_cluster(api, 2, compressed) == [  # type: ignore[arg-type]
+        "the cluster was not idle at the start (waiting, running or held: {'SP': 1}): other work shares the GPUs"
+    ]
 
 
 def test_the_token_comes_from_the_environment_and_the_url_must_be_http():

@@ -1,5 +1,6 @@
 """Each role's worker announces itself: the control and predictor workers, started with their
-roles' real command lines, each put their heartbeat in Redis, without a GPU."""
+roles' real command lines, each put their heartbeat in Redis, without a GPU, with the service
+ladder the process runs (a client tells from it which order a cluster runs: bench/replay_live.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 def test_the_control_and_predictor_workers_each_announce_themselves(tmp_path):
     server = RedisServer(tmp_path / "redis").start()
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT), "REDIS_URL": server.url}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT), "REDIS_URL": server.url, "CLOCKQ_SERVICE_LADDER_S": "1,8"}
     log_path = tmp_path / "workers.log"
     workers = [
         Service("control worker", control_worker_argv(host="hbtest"), env, ROOT, log_path),
@@ -38,6 +39,7 @@ def test_the_control_and_predictor_workers_each_announce_themselves(tmp_path):
         for name in names:
             info = json.loads(r.get(KEY_PREFIX + name))
             assert info["hostname"] == name and info["gpu"] is None
+            assert info["service_ladder_s"] == [1.0, 8.0]
     finally:
         for worker in workers:
             worker.stop(grace_s=30)

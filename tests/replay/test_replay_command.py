@@ -46,6 +46,18 @@ def test_json_for_machines(tmp_path):
     assert 0 < clockq["gpu_utilisation"] <= 1
 
 
+def test_the_service_ladder_on_request(tmp_path):
+    # Two BK jobs of 1,000 s on one GPU: on the default ladder (first rung 300 GPU-s) A makes way
+    # for B at 300 s; on a ladder of 100 GPU-s, at 100 s.
+    path = write(tmp_path, "submit_time,duration,num_gpu,tier,job_id\n0,1000,1,BK,A\n0,1000,1,BK,B\n")
+    args = (path, "--format", "csv", "--gpus", "1", "--policy", "clockq", "--json")
+    default, short = json.loads(replay(*args)), json.loads(replay(*args, "--ladder", "100,8000"))
+    assert (default["trace"]["ladder_gpu_s"], short["trace"]["ladder_gpu_s"]) == ("300,1200,4800,19200,76800,307200", "100,8000")
+    waits = [run["policies"][0]["wait_mean_s"] for run in (default, short)]
+    assert waits == pytest.approx([150.0, 50.0], abs=1.0)  # B's wait, halved: (0 + 300) / 2, (0 + 100) / 2
+    assert "service ladder: 100,8000 GPU-seconds" in replay(*args[:-1], "--ladder", "100,8000")
+
+
 def test_admission_control_on_request(tmp_path):
     # Two GPUs busy for 10 minutes: admission closes at the first forecast. By default it holds
     # nothing here (the SP job has no work ahead of it); holding all holds the SP job.
@@ -97,6 +109,8 @@ def test_a_bad_trace_is_refused_naming_the_line_and_column(tmp_path, text, args,
         (("--gpus", "2", "--slack", "-1"), "--slack: '-1' must be a finite number of at least 0"),
         (("--gpus", "2", "--checkpoint-mb", "big"), "--checkpoint-mb: 'big' is not a number"),
         (("--gpus", "2", "--until", "soon"), "--until: 'soon' is not a number"),
+        (("--gpus", "2", "--ladder", "300,x"), "--ladder: '300,x' is not a comma-separated list"),
+        (("--gpus", "2", "--ladder", "2400,300"), "--ladder: .* strictly increasing"),
     ],
 )
 def test_bad_options_are_refused(tmp_path, args, message):

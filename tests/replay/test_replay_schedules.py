@@ -140,6 +140,27 @@ def ordering_rank(code: str) -> int:
     return next(t.rank for t in TIERS if t.code == code)
 
 
+def test_the_replay_runs_on_the_ladder_it_is_given():
+    # The same pair on a ladder whose first rung is 100 GPU-s (CLOCKQ_SERVICE_LADDER_S=100,8000
+    # live): A makes way for B once it has had 100 s, not BK's default 300.
+    pair = Trace("pair", [job(k, 0, 1000, "BK") for k in "AB"])
+    _, jobs = run("clockq", pair, ladder=ordering.Ladder(base_gpu_s=(100.0, 8000.0)))
+    assert jobs["B"].first_start_s == pytest.approx(100.0)
+    assert times(jobs, "preemptions") == {"A": 1, "B": 0}
+
+
+@pytest.mark.parametrize(
+    ("ladder", "message"),
+    [
+        ((100.0, 800.0), "must be an ordering.Ladder"),
+        (ordering.Ladder(tiers=3), "for 3 tiers, the replay has 5"),
+    ],
+)
+def test_a_replay_refuses_a_ladder_that_is_not_one_for_its_tiers(ladder, message):
+    with pytest.raises(ValueError, match=message):
+        Config(gpus=1, ladder=ladder)
+
+
 def test_clockq_pays_the_switch_cost_of_the_job_that_makes_way():
     # 1 GPU; a 100 MB BK job is cut short by an RT job: the RT job starts once the BK job's
     # switch (10 ms fixed + 100 MB x 1 ms) is paid, and the GPU time is counted as switching.
@@ -235,6 +256,17 @@ def test_the_replay_calls_those_functions(monkeypatch):
     trace = Trace("mix", [*FIVE.jobs, job("P", 41, 30, "BP"), job("G", 45, 5, "SP", gpus=2), job("S", 46, 1, "BK")])
     run("clockq", trace, gpus=2, batch_chance_every_s=60.0)
     assert set(calls) == {name for _, name in SHARED_WITH_LIVE + ORDER}, calls
+
+
+def test_the_replay_orders_waiting_jobs_by_the_policys_order_key(monkeypatch):
+    # Given one GPU held by A while B, C and D (all of one tier and level) arrive
+    trace = Trace("queue", [job("A", 0, 10, "BK"), job("B", 1, 1, "BK"), job("C", 2, 1, "BK"), job("D", 3, 1, "BK")])
+    assert run("clockq", trace)[0].start_order == ["A", "B", "C", "D"]  # the first submitted first
+    # When the policy's key puts the last submitted first
+    original = ordering.order_key
+    monkeypatch.setattr(ordering, "order_key", lambda s: (*original(s)[:4], -s.submitted, s.job_id))
+    # Then the replay follows it: its order comes from ordering.order_key, not a rule of its own
+    assert run("clockq", trace)[0].start_order == ["A", "D", "C", "B"]
 
 
 def test_changing_the_policy_changes_the_replay(monkeypatch):

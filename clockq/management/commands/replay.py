@@ -12,8 +12,9 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from clockq.policy import control
+from clockq.policy.ordering import DEFAULT_LADDER
 from clockq.replay import report, traces
-from clockq.replay.config import Config, SwitchCost
+from clockq.replay.config import Config, SwitchCost, ladder_from_text, ladder_text
 from clockq.replay.model import TraceError
 from clockq.replay.policies import POLICIES, replay
 
@@ -73,6 +74,12 @@ class Command(BaseCommand):
         parser.add_argument("--switch-cost-ms-per-mb", default="1.2", help="per MB of state, ms")
         parser.add_argument("--switch-cost-factor", default="1", help="multiply every switch cost (2: twice)")
         parser.add_argument(
+            "--ladder",
+            default=None,
+            help="clockq's service ladder: the least urgent tier's rungs in GPU-seconds, as CLOCKQ_SERVICE_LADDER_S "
+            f"(default {','.join(f'{r:g}' for r in DEFAULT_LADDER.base_gpu_s)}); more urgent tiers stretch it",
+        )
+        parser.add_argument(
             "--admission",
             nargs="?",
             const=control.HOLD_WHEN_FULL,
@@ -115,6 +122,7 @@ class Command(BaseCommand):
                     factor=_option("switch-cost-factor", _positive, o["switch_cost_factor"]),
                 ),
                 seed=o["seed"],
+                ladder=_option("ladder", ladder_from_text, o["ladder"]) if o["ladder"] else DEFAULT_LADDER,
                 admission=control.Thresholds(hold=o["admission"]) if o["admission"] else None,
                 progress=None if o["quiet"] else self._progress,
             )
@@ -132,10 +140,10 @@ class Command(BaseCommand):
         runs = [replay(trace, policy, config) for policy in policies]
         summaries = [report.summarize(run) for run in runs]
         if o["json"]:
-            out = {"trace": _describe(trace, o), "policies": summaries}
+            out = {"trace": _describe(trace, o, config), "policies": summaries}
             self.stdout.write(json.dumps(out, indent=2))
         else:
-            self.stdout.write(_header(trace, o))
+            self.stdout.write(_header(trace, o, config))
             self.stdout.write(report.table(summaries))
         if o["plot"]:
             report.plot(runs, o["plot"])
@@ -151,7 +159,7 @@ class Command(BaseCommand):
         sys.stderr.flush()
 
 
-def _describe(trace, o) -> dict:
+def _describe(trace, o, config: Config) -> dict:
     return {
         "name": trace.name,
         "format": o["fmt"],
@@ -162,14 +170,16 @@ def _describe(trace, o) -> dict:
         "time_scale": o["time_scale"],
         "slack": o["slack"],
         "switch_cost_factor": o["switch_cost_factor"],
+        "ladder_gpu_s": ladder_text(config.ladder),
         "seed": o["seed"],
     }
 
 
-def _header(trace, o) -> str:
+def _header(trace, o, config: Config) -> str:
     lines = [
         f"{trace.name}: {len(trace.jobs)} jobs on {o['gpus']} GPUs, arrivals x{o['time_scale']}, "
-        f"slack {o['slack']}, switch cost x{o['switch_cost_factor']}, seed {o['seed']}"
+        f"slack {o['slack']}, switch cost x{o['switch_cost_factor']}, seed {o['seed']}",
+        f"  clockq's service ladder: {ladder_text(config.ladder)} GPU-seconds (the least urgent tier's rungs)",
     ]
     lines += [f"  skipped {n}: {reason}" for reason, n in trace.skipped.items()]
     lines += [f"  {line}" for line in trace.mapping]
