@@ -3,7 +3,8 @@
 Usage (from the repository root; the API token in the environment, never on the command line):
 
     CLOCKQ_API_TOKEN=... .venv/bin/python bench/replay_live.py TRACE --format F --gpus N \
-        --url http://127.0.0.1:8000 [--compress 25] [--ladder 300,1200,4800,19200,76800,307200] [--kpi-wait 90s] [--json]
+        --url http://127.0.0.1:8000 [--compress 25] [--ladder 300,1200,4800,19200,76800,307200] \
+        [--kpi-wait 90s] [--json]
 
 The trace's jobs go to the clockq at URL as `synthetic` jobs through the public API, as a user's
 script would send them; the simulator (`python manage.py replay`, clockq/replay) replays the same
@@ -88,7 +89,8 @@ def parser() -> argparse.ArgumentParser:
         "--ladder",
         type=ladder,
         default=DEFAULT_LADDER,
-        help="clockq's service ladder in trace GPU-seconds (default 300,1200,4800,19200,76800,307200), before --compress",
+        help="clockq's service ladder in trace GPU-seconds (default: clockq's, "
+        f"{','.join(f'{r:g}' for r in DEFAULT_LADDER.base_gpu_s)}), before --compress",
     )
     p.add_argument("--step-ms", type=positive, default=DEFAULT_STEP_MS, help="a synthetic step, ms (default 20)")
     p.add_argument("--state-kb", type=int, default=DEFAULT_STATE_KB_CAP, help="cap on a job's state, KB (1024)")

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from clockq.policy.ordering import DEFAULT_LADDER
+
 TIRESIAS = Path(__file__).resolve().parent / "fixtures" / "tiresias_first_40.csv"
 
 
@@ -52,7 +54,8 @@ def test_the_service_ladder_on_request(tmp_path):
     path = write(tmp_path, "submit_time,duration,num_gpu,tier,job_id\n0,1000,1,BK,A\n0,1000,1,BK,B\n")
     args = (path, "--format", "csv", "--gpus", "1", "--policy", "clockq", "--json")
     default, short = json.loads(replay(*args)), json.loads(replay(*args, "--ladder", "100,8000"))
-    assert (default["trace"]["ladder_gpu_s"], short["trace"]["ladder_gpu_s"]) == ("300,1200,4800,19200,76800,307200", "100,8000")
+    default_rungs = ",".join(f"{r:g}" for r in DEFAULT_LADDER.base_gpu_s)
+    assert (default["trace"]["ladder_gpu_s"], short["trace"]["ladder_gpu_s"]) == (default_rungs, "100,8000")
     waits = [run["policies"][0]["wait_mean_s"] for run in (default, short)]
     assert waits == pytest.approx([150.0, 50.0], abs=1.0)  # B's wait, halved: (0 + 300) / 2, (0 + 100) / 2
     assert "service ladder: 100,8000 GPU-seconds" in replay(*args[:-1], "--ladder", "100,8000")
