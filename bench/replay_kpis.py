@@ -64,8 +64,9 @@ def paired_jct_ratio(mine: RunResult, theirs: RunResult) -> float | None:
     return sum(a for a, _ in pairs) / sum(b for _, b in pairs)
 
 
-def goals(s: dict[str, dict], load: float, paired: float | None) -> list[tuple[str, str, bool]]:
-    """The eight goals but speed (bench/replay_speed.py): (goal, figures, met)."""
+def goals(s: dict[str, dict], load: float, paired: float | None) -> list[tuple[str, str, bool | None]]:
+    """The eight goals but speed (bench/replay_speed.py): (goal, figures, met); met is None for
+    a figure shown beside a goal but not judged."""
     c, fifo, prio, las = s["clockq"], s["fifo"], s["priority"], s["las"]
     baselines = (fifo, prio, las)
     out = []
@@ -93,17 +94,15 @@ def goals(s: dict[str, dict], load: float, paired: float | None) -> list[tuple[s
         if mine is not None and theirs is not None:
             out.append((f"5 {tier} p95 wait <= fifo", f"{_t(mine)} vs {_t(theirs)}", mine <= theirs))
     out.append(("6 switch overhead <= 2 %", f"{c['switch_overhead']:.2%}", c["switch_overhead"] <= 0.02))
-    best_util = max(b["gpu_utilisation"] for b in baselines)
-    out.append(
-        (
-            "7 utilisation >= every baseline",
-            f"{c['gpu_utilisation']:.1%} vs {best_util:.1%}",
-            c["gpu_utilisation"] >= best_util - 1e-9,
-        )
-    )
-    best_held = max(b["held_while_waiting"] or 0 for b in baselines)
-    held = c["held_while_waiting"] or 0
-    out.append(("7 GPUs held while jobs wait >= every baseline", f"{held:.1%} vs {best_held:.1%}", held >= best_held))
+    # 7: utilisation. What a scheduler decides is whether GPUs sit idle while work waits; that
+    # is judged. The utilisations are shown beside it, not judged: over the makespan it measures
+    # the drain after the last arrival, and within the arrival window below full load it
+    # measures how many jobs a policy keeps in the system, not waste (docs/replay.md).
+    idle, least = c["idle_while_waiting"] or 0.0, min(b["idle_while_waiting"] or 0.0 for b in baselines)
+    out.append(("7 GPU time idle while jobs wait <= every baseline", f"{idle:.2%} vs {least:.2%}", idle <= least))
+    for key, label in (("window_utilisation", "in the arrival window"), ("gpu_utilisation", "over the makespan")):
+        best = max(b[key] or 0.0 for b in baselines)
+        out.append((f"7 utilisation {label} (shown, not judged)", f"{c[key] or 0.0:.1%} vs best {best:.1%}", None))
     return out
 
 
@@ -165,6 +164,9 @@ def main() -> None:
             print(f"\n### Goals on {name}\n")
             verdicts[name] = {}
             for goal, figure, met in goals(summaries, load, paired_jct_ratio(runs["clockq"], runs["las"])):
+                if met is None:
+                    print(f"- {goal}: {figure}")
+                    continue
                 print(f"- {goal}: {figure} -> {'met' if met else 'MISSED'}")
                 number = goal.split()[0]
                 verdicts[name][number] = verdicts[name].get(number, True) and met

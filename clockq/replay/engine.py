@@ -24,6 +24,7 @@ from typing import Any
 from clockq.policy import control, service_levels
 from clockq.replay.admission import Admission
 from clockq.replay.config import Config
+from clockq.replay.ledger import Ledger
 from clockq.replay.model import JobResult, RunResult, Trace, TraceJob
 
 EPS = 1e-9  # seconds of work below which a job is done (float arithmetic)
@@ -130,10 +131,8 @@ class Replay:
         self._heap: list[tuple[float, int, int, SimJob | None, int]] = []
         self._seq = itertools.count()
         self.running: dict[int, SimJob] = {}
-        self.busy_gpu_s = 0.0
-        self.switch_gpu_s = 0.0
-        self.waiting_s = 0.0  # time during which at least one job waited
-        self.held_while_waiting_gpu_s = 0.0
+        submits = [j.submit_s for j in trace.jobs] or [0.0]
+        self.ledger = Ledger(config.gpus, window_start=min(submits), window_end=max(submits))
         self.start_order: list[str] = []
         self.events = 0
         self.done = 0
@@ -214,12 +213,10 @@ class Replay:
         return self._result(wall)
 
     def _advance(self, to: float) -> None:
-        """Move the clock; while jobs wait, count how many GPUs were held (a scheduler that
-        keeps GPUs free while work waits wastes them)."""
-        if self.waiting_count > 0 and to > self.now:
-            span = to - self.now
-            self.waiting_s += span
-            self.held_while_waiting_gpu_s += span * (self.cfg.gpus - self.free - self.freeing)
+        """Move the clock; count how many GPUs running jobs held meanwhile, and whether work
+        waited (a scheduler that keeps GPUs free while work waits wastes them)."""
+        held = self.cfg.gpus - self.free - self.freeing
+        self.ledger.elapse(self.now, to, held_gpus=held, jobs_wait=self.waiting_count > 0)
         self.now = to
 
     def _handle(self, kind: int, job: SimJob | None, version: int) -> None:
@@ -365,8 +362,8 @@ class Replay:
             work = held * job.rate
             job.remaining -= work
             job.attained += work * gpus
-            self.busy_gpu_s += work * gpus
-            self.switch_gpu_s += (held - work) * gpus
+            self.ledger.busy_gpu_s += work * gpus
+            self.ledger.switch_gpu_s += (held - work) * gpus
             job.last_exec_s += held
         job.run_since = self.now
 
@@ -389,7 +386,7 @@ class Replay:
         gpus = job.t.num_gpu
         self.stopped(job)
         if cost_s > 0:
-            self.switch_gpu_s += cost_s * gpus
+            self.ledger.switch_gpu_s += cost_s * gpus
             self.freeing += gpus
             self.schedule(self.now + cost_s, Ev.FREE, tag=gpus)
         else:
@@ -472,10 +469,12 @@ class Replay:
             policy=self.name,
             gpus=self.cfg.gpus,
             jobs=results,
-            busy_gpu_s=self.busy_gpu_s,
-            switch_gpu_s=self.switch_gpu_s,
-            waiting_s=self.waiting_s,
-            held_while_waiting_gpu_s=self.held_while_waiting_gpu_s,
+            busy_gpu_s=self.ledger.busy_gpu_s,
+            switch_gpu_s=self.ledger.switch_gpu_s,
+            waiting_s=self.ledger.waiting_s,
+            held_while_waiting_gpu_s=self.ledger.held_while_waiting_gpu_s,
+            window_s=self.ledger.window_s,
+            window_held_gpu_s=self.ledger.window_held_gpu_s,
             held_jobs=self.admission.stats.held_jobs if self.admission else 0,
             admission_closures=self.admission.stats.closures if self.admission else 0,
             start_order=self.start_order,

@@ -77,6 +77,8 @@ class RunResult:
     wall_s: float = 0.0
     waiting_s: float = 0.0  # time during which at least one job waited
     held_while_waiting_gpu_s: float = 0.0  # GPU-seconds held by jobs during that time
+    window_s: float = 0.0  # the arrival window: first to last submit
+    window_held_gpu_s: float = 0.0  # GPU-seconds held by running jobs within it
     # Admission control (clockq/replay/admission.py), when it was on
     held_jobs: int = 0  # jobs held on arrival while admission was closed
     admission_closures: int = 0

@@ -11,12 +11,14 @@ The metrics, for one policy's replay of one trace (times in trace seconds):
 - p95 (and every quantile here): nearest rank, the smallest value such that at least 95 % of
   the values are at most it (always one of the values themselves).
 - makespan: the last finish_s of any job - the first submit_s.
-- GPU utilisation: busy_gpu_s / (gpus x makespan).
-- GPUs held while jobs wait: held_while_waiting_gpu_s / (gpus x waiting_s), the share of the
-  GPUs held by jobs (computing or switching) at the times some job was waiting. Unlike the
-  utilisation it does not depend on the load: below 100 % means GPUs sat free while work waited
-  (here: a gang waiting for enough GPUs at the head of the order, or GPUs coming back from a
-  switch).
+- GPU utilisation: busy_gpu_s / (gpus x makespan). Over a finite trace it also measures the
+  drain after the last arrival: a policy that runs its longest job last ends later.
+- utilisation in the arrival window: window_held_gpu_s / (gpus x window_s), the GPUs running
+  jobs held between the first and the last submit, while the trace offers its load.
+- GPU time idle while jobs wait: (gpus x waiting_s - held_while_waiting_gpu_s) / (gpus x
+  makespan), the share of the capacity that sat free (or was switching) while some job waited:
+  what a scheduler wastes, whatever the load (here: a gang waiting for enough GPUs at the head
+  of the order, or GPUs coming back from a switch).
 - switch overhead: switch_gpu_s / (gpus x makespan).
 - timeout rate: timed-out jobs / all jobs.
 - on-time rate: jobs that finished on time / all jobs, judged by
@@ -153,7 +155,8 @@ def summarize(run: RunResult, tiers: Sequence[TierSpec] = TIERS) -> dict[str, An
         },
         "gpu_utilisation": _ratio(run.busy_gpu_s, capacity),
         "switch_overhead": _ratio(run.switch_gpu_s, capacity),
-        "held_while_waiting": _ratio(run.held_while_waiting_gpu_s, run.gpus * run.waiting_s),
+        "window_utilisation": _ratio(run.window_held_gpu_s, run.gpus * run.window_s),
+        "idle_while_waiting": _ratio(run.gpus * run.waiting_s - run.held_while_waiting_gpu_s, capacity),
         "timeout_rate": _ratio(timed_out, n),
         "on_time_rate": _ratio(on_time, n),
         "jct_mean_s": mean(jcts),
@@ -231,7 +234,8 @@ def _rows(summaries: Sequence[dict[str, Any]]) -> list[Row]:
     rows += [
         ("GPU utilisation", lambda s: human_pct(s["gpu_utilisation"])),
         ("switch overhead", lambda s: human_pct(s["switch_overhead"])),
-        ("GPUs held while jobs wait", lambda s: human_pct(s.get("held_while_waiting"))),
+        ("utilisation in the arrival window", lambda s: human_pct(s.get("window_utilisation"))),
+        ("GPU time idle while jobs wait", lambda s: human_pct(s.get("idle_while_waiting"))),
         ("timeout rate", lambda s: human_pct(s["timeout_rate"])),
         ("on-time rate", lambda s: human_pct(s["on_time_rate"])),
         ("mean JCT", lambda s: human_s(s["jct_mean_s"])),

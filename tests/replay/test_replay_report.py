@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from clockq.replay.ledger import Ledger
 from clockq.replay.model import JobResult, RunResult, TraceJob
 from clockq.replay.report import human_pct, human_s, markdown, plot, quantile, summarize, table, wait_s
 
@@ -114,6 +115,25 @@ def test_utilisation_and_switch_overhead_over_the_makespan(summary):
     assert summary["switch_overhead"] == pytest.approx(20.0 / (2 * 1000.0))
     assert summary["busy_gpu_s"] == 1000.0
     assert summary["switch_gpu_s"] == 20.0
+
+
+def test_utilisation_in_the_arrival_window_and_gpu_time_idle_while_jobs_wait():
+    run = run_of(sample_jobs())
+    run.window_s, run.window_held_gpu_s = 10.0, 15.0  # submits from 0 to 10, 1.5 GPUs held on average
+    run.waiting_s, run.held_while_waiting_gpu_s = 100.0, 150.0  # of 2 x 100 GPU-s, 50 sat idle
+    s = summarize(run)
+    assert s["window_utilisation"] == pytest.approx(15.0 / (2 * 10.0))
+    assert s["idle_while_waiting"] == pytest.approx(50.0 / (2 * 1000.0))  # of the capacity over the makespan
+
+
+def test_the_ledger_counts_gpus_held_within_the_arrival_window_and_idle_while_jobs_wait():
+    ledger = Ledger(gpus=4, window_start=10.0, window_end=20.0)
+    ledger.elapse(0.0, 15.0, held_gpus=2, jobs_wait=False)  # 5 s of it in the window
+    ledger.elapse(15.0, 30.0, held_gpus=3, jobs_wait=True)  # 5 s in the window; 15 s of waiting
+    ledger.elapse(30.0, 30.0, held_gpus=4, jobs_wait=True)  # no time
+    assert ledger.window_held_gpu_s == pytest.approx(5 * 2 + 5 * 3)
+    assert (ledger.waiting_s, ledger.held_while_waiting_gpu_s) == (15.0, 45.0)
+    assert ledger.window_s == 10.0
 
 
 def test_makespan_starts_at_the_first_submission_and_counts_a_timeout_as_an_end():
