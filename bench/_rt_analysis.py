@@ -39,7 +39,8 @@ class SignalLog:
                 if message and message.get("type") == "message":
                     at = time.time()
                     with contextlib.suppress(ValueError, TypeError):
-                        if json.loads(message["data"]).get("kind") == "rt":
+                        signal = json.loads(message["data"])
+                        if signal.get("kind") == "urgent" and signal.get("rank") == 0:
                             self.rt_at.append(at)
 
     def first_after(self, t: float, before: float) -> float | None:

@@ -22,10 +22,11 @@ checkpoint) is measured instead of ending timed_out; the report counts those sta
    moved to the other GPU restores its state from disk, which takes longer the larger it is; the
    report counts the RT signals that came while it was still restoring. At the end of each size
    the busy jobs are cancelled, and the next size starts only once the database shows none of
-   them running and every worker that ran one has logged that it stopped it. An RT signal ends
-   the running slice of every lower-tier job on every GPU, so the report also counts what each
-   GPU ran next after a busy slice yielded. Waits time out after a limit that grows with the
-   state size (a 256 MB checkpoint takes a while on 2 slow cores).
+   them running and every worker that ran one has logged that it stopped it. Every busy GPU
+   hears an RT signal and asks the order; only the job it names (the cheapest switch) ends its
+   slice, and the report counts what each GPU ran next after a busy slice yielded. Waits time
+   out after a limit that grows with the state size (a 256 MB checkpoint takes a while on 2
+   slow cores).
 
 Latency = Job.first_started_at - Job.submitted_at, both stamped with the same clock (the bench
 process stamps the submission, the worker the claim). The first `--warmup` submissions of each
@@ -40,12 +41,14 @@ JobEvent and Slice timestamps of the busy job P that made way:
     signal     submit transaction, COMMIT, publish of the dispatch message and of the RT signal,
                pub/sub delivery (to this process's subscriber; the worker's is in the next phase)
     step end   the worker's listener thread sets the flag; the running step (one sleep of
-               --busy-step-ms) ends; the loop sees the flag  (P's compute end - signal). If the
+               --busy-step-ms) ends; the loop sees the flag and looks: queue lengths and freed
+               GPUs (one Redis round trip), the order (queue heads, running jobs) and P's row
+               (P's compute end - signal). If the
                signal came while P was still restoring (counted in the report), also the rest of
                the restore and one step. The split between signal and step end rests on this
                process's clock reading when its subscriber woke: under heavy load (large
                checkpoints on 2 CPUs) it wakes late and step end can read negative
-    decide     boundary read of P's row, queue lengths (LLEN), DB confirm, CAS update (requeue)
+    decide     the decision on that read, P's GPU marked free, CAS update (requeue)
     checkpoint P.checkpoint_ms: the snapshot (its copy into host memory is made in the background
                while the RT job starts) and its Redis mark; the write, fsync and rename are in the
                background, competing for the CPUs and the disk

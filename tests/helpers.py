@@ -40,18 +40,51 @@ def after_the_claim(then: Callable[[], object]) -> Iterator[None]:
         slice_runner.claim_job = real
 
 
+@contextlib.contextmanager
+def after_the_restore(then: Callable[[], object]) -> Iterator[None]:
+    """Call `then()` each time a worker in this process has restored a claimed job's workload:
+    what arrives there finds the job running (an urgent job that came before would take the GPU
+    during the restore instead)."""
+    from workers.run.restore import Restore
+
+    real = Restore.workload
+
+    def workload(self):
+        restored = real(self)
+        then()
+        return restored
+
+    Restore.workload = workload
+    try:
+        yield
+    finally:
+        Restore.workload = real
+
+
 def yield_once(job: Job, runtime) -> Job:
-    """Run one dispatch of `job` in this process: an HP job arrives once it is claimed, so it
-    yields after one slice (the HP job is then cancelled, so the next dispatch claims `job`
-    again). Returns the job as its yield left it, its checkpoint written."""
+    """Run one dispatch of `job` in this process: an HP job arrives once it is restored, so it
+    yields at its next step (HP interrupts; the HP job is then cancelled, so the next dispatch
+    claims `job` again). Returns the job as its yield left it, its checkpoint written."""
     from workers.slice_runner import RunOutcome, run_dispatch
 
     rivals: list[Job] = []
-    with after_the_claim(lambda: rivals.append(submit(job.owner, "HP", "rival", steps=1))):
+    with after_the_restore(lambda: rivals.append(submit(job.owner, "HP", "rival", steps=1))):
         assert run_dispatch(job.pk, job.dispatch_token, runtime) == RunOutcome.YIELDED
     Job.objects.filter(pk__in=[r.pk for r in rivals]).update(state="cancelled")
     runtime.persister.flush()  # its checkpoint is written in the background
+    not_free(runtime)
     return Job.objects.get(pk=job.pk)
+
+
+def not_free(runtime) -> None:
+    """A Runtime a test drives in its own process left its job, but no worker stands behind it
+    to take the next one: it must not count as a free GPU (clockq/bus/free_gpus.py), or another
+    runtime's job would not make way while its mark lasts."""
+    from clockq.bus import free_gpus
+    from clockq.bus.client import client
+
+    runtime.boundary_reader.submit(lambda: None).result(timeout=30)  # a read there may mark it
+    client().zrem(free_gpus.KEY, runtime.identity.hostname)
 
 
 def token_auth(user, days: int | None = None) -> dict:

@@ -33,7 +33,7 @@ from clockq.forecasting import forecasts
 from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
 from clockq.kpis import reports as kpis
 from clockq.policy.kpis import WAIT_BUCKETS_MS
-from clockq.policy.slicing import SliceOutcome
+from clockq.policy.slicing import PREEMPTED, SliceOutcome
 from clockq.policy.states import JobState
 
 POLL_MS = 5_000
@@ -47,7 +47,7 @@ EVENT_CAP = 2_000
 # own strings, so a reworded reason fails there.
 PROMOTION_PREFIXES = ("promoted ", "batch chance")
 RETURN_PREFIX = "returned to "
-PREEMPTED_PREFIX = "preempted by a waiting RT job"
+PREEMPTED_PREFIX = PREEMPTED  # older events say "preempted by a waiting RT job"
 _RAN_IN = re.compile(r"(?:after one slice|s of service) in (\w+)")  # older events say "one slice"
 # An event is written in the transaction that records its slice, a few ms either side of the
 # slice's end.
@@ -387,8 +387,9 @@ def _events(job_ids: set[int], since: datetime) -> list[dict[str, Any]]:
 
 
 def _slices_marked_by(rows, events) -> tuple[dict[int, str], set[int]]:
-    """Which slices ran promoted (slice id -> the tier it ran in) and which made way for RT: each
-    return or preemption event belongs to its job's slice that ended nearest to it."""
+    """Which slices ran promoted (slice id -> the tier it ran in) and which were preempted (made
+    way for an urgent job before their planned end): each return or preemption event belongs to
+    its job's slice that ended nearest to it."""
     by_job: dict[int, list[dict]] = defaultdict(list)
     for r in rows:
         by_job[r["job_id"]].append(r)

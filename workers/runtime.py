@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from redis import RedisError
 
-from clockq.bus import heartbeat, signals
+from clockq.bus import free_gpus, heartbeat, signals
 from clockq.bus.client import client
 from clockq.bus.gpu_samples import Publisher
 from clockq.jobs.checkpoints import CheckpointStore, StorageError, generation_of
@@ -133,8 +133,6 @@ class Runtime:
         # How long the boundary's read takes on the reader thread (s, a moving average): the read
         # starts at least twice that before the slice's end, so it is done when the GPU gets there.
         self.boundary_read_s = 0.002
-        # This worker made way for an RT job (it took one from signals.RT_UNCLAIMED_KEY).
-        self.made_way_for_rt = False
         # While its checkpoint storage fails: how long to wait before the next job, and why.
         self.storage_backoff_s = 0.0
         self.degraded_reason: str | None = None
@@ -143,7 +141,9 @@ class Runtime:
 
     def gpu_count(self) -> int:
         """Live GPU workers in the cluster, this one included (the heartbeats, re-read at most
-        every GPU_COUNT_TTL_S): the size of the pool that the lower tiers' share is a part of."""
+        every GPU_COUNT_TTL_S): the size of the pool that the lower tiers' share is a part of,
+        as a claim judges it. (A boundary counts the GPUs it could wait for otherwise: a dead
+        worker's heartbeat outlives it; clockq/bus/free_gpus.py.)"""
         at, count = self._gpus_counted
         if time.monotonic() - at > GPU_COUNT_TTL_S:
             try:
@@ -230,13 +230,16 @@ class Runtime:
             log.warning("could not clear the degraded mark of %s: %s", self.identity.hostname, exc)
         log.info("%s: checkpoint storage works again", self.identity.hostname)
 
-    def account_rt_claim(self, rank: int) -> None:
-        """At every claim: an RT job claimed from idle takes its own unclaimed count; one this
-        worker made way for was already taken when it made way."""
-        if self.made_way_for_rt:
-            self.made_way_for_rt = False
-        elif rank == 0:
-            signals.take_rt_job(client())
+    def leave_gpu(self) -> bool:
+        """This worker's job is about to leave its GPU: mark the GPU free (clockq/bus/free_gpus.py)
+        before the write that frees it, so that no other GPU's boundary in between takes it for
+        gone and makes way for a job this one is about to claim. Whether the mark was set."""
+        try:
+            free_gpus.mark_free(client(), self.identity.hostname)
+            return True
+        except RedisError as exc:
+            log.warning("could not mark %s free: %s", self.identity.hostname, exc)
+            return False
 
     def switch_out(self, compute_end: float, checkpoint_ms: float) -> None:
         """A job yielded its GPU to the queue: a switch is under way until the next job's first

@@ -87,7 +87,7 @@ class JobRun:
             runtime,
             checkpoints=self.checkpoints,
             metrics=self.metrics,
-            rt_wants_gpu=self.boundary.rt_wants_gpu,
+            urgent_takes_gpu=self.boundary.urgent_takes_gpu,
             note=self.writes.note,
         )
         self.failures = SliceFailures(
@@ -101,7 +101,6 @@ class JobRun:
     def run(self) -> RunOutcome:
         """Restore the workload, then slice after slice: step it, and decide at the boundary."""
         self.runtime.leases.hold(self.job_id, self.token)
-        self.runtime.account_rt_claim(self.tiers.current.rank)
         record = self.steps.plan()
         workload = None
         keep_warm = False
@@ -114,7 +113,7 @@ class JobRun:
                 return self._make_way_during_restore(record, str(exc))
             try:
                 with workload_errors():
-                    workload.ready(abandon=self.boundary.rt_wants_gpu)  # a switch's cost (a program's start)
+                    workload.ready(abandon=self.boundary.urgent_takes_gpu)  # a switch's cost (a program's start)
             except StartAbandoned as exc:
                 record.restore_ms = (time.perf_counter() - t0) * 1000
                 return self._make_way_during_restore(record, str(exc))
@@ -155,16 +154,19 @@ class JobRun:
                     close_workload(workload, self.job_id)
 
     def _make_way_during_restore(self, record: SliceRecord, when: str) -> RunOutcome:
-        """Give the GPU to an RT job before the restore is done. The job goes back to its queue
-        as it was: nothing ran, so there is nothing to checkpoint, and the checkpoint it was
+        """Give the GPU to an urgent job before the restore is done. The job goes back to its
+        queue as it was: nothing ran, so there is nothing to checkpoint, and the checkpoint it was
         restoring from is still the one the database names (the next claim waits for it, or
         takes it warm from the worker that wrote it)."""
+        looked, self.boundary.looked = self.boundary.looked, None
+        urgent = looked.outranked_by if looked is not None else "an urgent job"
         record.cut_short = record.preempted = True
+        self.runtime.leave_gpu()
         self.writes.end(
             record,
             SliceOutcome.YIELDED,
             JobState.QUEUED,
-            f"made way for an RT job during its restore ({when})",
+            f"made way for {urgent} during its restore ({when})",
             {},
         )
         return RunOutcome.YIELDED

@@ -10,6 +10,7 @@ import redis
 from clockq.bus import celery_message, signals
 from clockq.bus.client import client
 from clockq.celery import app
+from clockq.policy import ordering
 from clockq.policy.tiers import QUEUES_IN_ORDER
 
 log = logging.getLogger("clockq.dispatch")
@@ -51,7 +52,13 @@ def publish_dispatches(messages: Sequence[tuple[int, str, str]]) -> int:
             "dispatch of %d job(s) (from job %s) failed (%s); the reconciler will retry", len(messages), first, exc
         )
         return 0
-    for _ in range(sum(queue_name == QUEUES_IN_ORDER[0] for _, _, queue_name in messages)):
-        # Running slices of lower tiers end at their next step instead of their slice end.
-        signals.announce_rt_waiting(client())
+    urgent = [rank for rank in map(_rank_of, (queue for _, _, queue in messages)) if ordering.interrupts(rank)]
+    if urgent:
+        # A job that makes its victim leave at once (RT, HP): each busy GPU it could displace
+        # asks the order at its next step whether it is the victim. One signal for a batch.
+        signals.announce_urgent(client(), min(urgent))
     return len(messages)
+
+
+def _rank_of(queue_name: str) -> int:
+    return QUEUES_IN_ORDER.index(queue_name) if queue_name in QUEUES_IN_ORDER else len(QUEUES_IN_ORDER)

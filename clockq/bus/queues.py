@@ -10,7 +10,9 @@ import base64
 import json
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
+from clockq.bus import free_gpus
 from clockq.bus.client import client
 from clockq.bus.dispatch import RUN_SLICE_TASK
 from clockq.policy.tiers import QUEUES_IN_ORDER
@@ -26,6 +28,24 @@ def waiting_by_rank(queues: Sequence[str] = QUEUES_IN_ORDER) -> list[int]:
     for queue in queues:
         pipe.llen(queue)
     return [int(n) for n in pipe.execute()]
+
+
+@dataclass(frozen=True)
+class BrokerView:
+    """What a slice boundary reads from the broker first, in one round trip."""
+
+    waiting: list[int] = field(default_factory=list)  # messages per tier rank, most urgent first
+    freed: frozenset[str] = frozenset()  # workers that left a job just now (clockq/bus/free_gpus.py)
+
+
+def boundary_view(queues: Sequence[str] = QUEUES_IN_ORDER) -> BrokerView:
+    """The queue lengths and the GPUs just freed. One round trip."""
+    pipe = client().pipeline(transaction=False)
+    for queue in queues:
+        pipe.llen(queue)
+    free_gpus.add_recently_freed(pipe)
+    *lengths, freed = pipe.execute()
+    return BrokerView([int(n) for n in lengths], free_gpus.parse(freed))
 
 
 def parse_dispatch(raw: bytes | str) -> tuple[int, str] | None:

@@ -4,8 +4,10 @@ Checking the broker at every step would cost a round trip per step. Instead each
 process keeps one subscriber thread that turns messages into in-memory flags, and the slice
 loop checks the flags at every step (a few hundred nanoseconds):
 
-- `rt`: an RT job was dispatched. A running job of a lower tier ends its slice at the next
-  step instead of at the slice's end, so RT start latency is bounded by one step.
+- `urgent <rank>`: a job of a tier that interrupts (`ordering.interrupts`: RT and HP) was
+  dispatched. A running job that such a job could displace (`ordering.may_interrupt`) asks the
+  order at its next step whether it is the one to make way (`ordering.makes_way_for`), and
+  leaves its GPU only if so: the policy, not the first worker to hear, names the victim.
 - `job <id>`: an operator changed a job (cancel, hold, requeue). The worker running it ends its
   slice at the next step and reads the job row.
 
@@ -26,36 +28,11 @@ from django.conf import settings
 log = logging.getLogger("clockq.signals")
 
 CHANNEL = "clockq:signals"
-# RT jobs dispatched that no worker has yet made way for (or claimed from idle). Every busy GPU
-# hears the RT signal; this counter lets exactly one of them checkpoint for each RT job instead
-# of all of them. It expires, so a miscount heals itself.
-RT_UNCLAIMED_KEY = "clockq:rt:unclaimed"
-RT_UNCLAIMED_TTL_S = 60
-_TAKE_ONE = """
-local n = tonumber(redis.call('GET', KEYS[1]) or '0')
-if n > 0 then redis.call('DECR', KEYS[1]) return 1 end
-return 0
-"""
 
 
-def announce_rt_waiting(client: redis.Redis) -> None:
-    try:
-        pipe = client.pipeline(transaction=False)
-        pipe.incr(RT_UNCLAIMED_KEY)
-        pipe.expire(RT_UNCLAIMED_KEY, RT_UNCLAIMED_TTL_S)
-        pipe.publish(CHANNEL, json.dumps({"kind": "rt"}))
-        pipe.execute()
-    except redis.RedisError as exc:
-        log.warning("could not announce an RT job: %s", exc)
-
-
-def take_rt_job(client: redis.Redis) -> bool:
-    """Take one unclaimed RT job: True means this worker is the one that makes way for it (or,
-    claiming it from idle, the one that got it). Never blocks long: False on a broker error."""
-    try:
-        return bool(client.eval(_TAKE_ONE, 1, RT_UNCLAIMED_KEY))
-    except redis.RedisError:
-        return False
+def announce_urgent(client: redis.Redis, rank: int) -> None:
+    """A job of a tier that interrupts (rank `rank`) waits: every busy GPU hears it."""
+    _publish(client, {"kind": "urgent", "rank": int(rank)})
 
 
 def announce_job_changed(client: redis.Redis, job_id: int) -> None:
@@ -73,37 +50,50 @@ class Interrupts:
     """Flags set by the subscriber thread, read by the slice loop."""
 
     def __init__(self) -> None:
-        self.rt_waiting = threading.Event()
+        # Set while an urgent job was announced and not yet looked at (`take_urgent`).
+        self.urgent = threading.Event()
+        self._urgent_rank: int | None = None  # the most urgent tier announced since
         self._poked: set[int] = set()
         self._lock = threading.Lock()
+
+    def heard_urgent(self, rank: int) -> None:
+        with self._lock:
+            self._urgent_rank = rank if self._urgent_rank is None else min(rank, self._urgent_rank)
+            self.urgent.set()
+
+    def take_urgent(self) -> int | None:
+        """The most urgent tier announced since the last look, and forget it: the caller looks."""
+        if not self.urgent.is_set():
+            return None
+        with self._lock:
+            rank, self._urgent_rank = self._urgent_rank, None
+            self.urgent.clear()
+        return rank
 
     def poke(self, job_id: int) -> None:
         with self._lock:
             self._poked.add(job_id)
 
-    def should_end_slice(self, job_id: int, rank: int) -> bool:
-        """True when the running slice should end at this step. Called at every step."""
-        return self.rt_waits(rank) or (bool(self._poked) and job_id in self._poked)
+    def poked(self, job_id: int) -> bool:
+        """An operator changed this job since its last boundary. Called at every step."""
+        return bool(self._poked) and job_id in self._poked
 
-    def rt_waits(self, rank: int) -> bool:
-        """An RT job was announced since this job's last boundary, and the job is not RT."""
-        return rank > 0 and self.rt_waiting.is_set()
-
-    def clear_rt(self) -> None:
-        """The broker said the announced RT jobs are taken (checked before a boundary)."""
-        self.rt_waiting.clear()
+    def pending(self, job_id: int) -> bool:
+        """Something was signalled that a read made before now could have missed."""
+        return self.urgent.is_set() or self.poked(job_id)
 
     def clear(self, job_id: int) -> None:
         """Called at a slice boundary, once the worker has read the truth from the database."""
-        self.rt_waiting.clear()
         with self._lock:
+            self._urgent_rank = None
+            self.urgent.clear()
             self._poked.discard(job_id)
 
     def handle(self, raw: bytes | str) -> None:
         try:
             message = json.loads(raw)
-            if message.get("kind") == "rt":
-                self.rt_waiting.set()
+            if message.get("kind") == "urgent":
+                self.heard_urgent(int(message["rank"]))
             elif message.get("kind") == "job":
                 self.poke(int(message["job"]))
         except (ValueError, TypeError, KeyError, AttributeError):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -50,6 +51,7 @@ class Running:
     standing: ordering.Standing
     switch_cost_s: float
     run_ms: int  # its service, as written at its last boundary
+    worker: str = ""  # the worker (its GPU) that runs it
 
 
 @functools.cache
@@ -77,8 +79,8 @@ def running() -> list[Running]:
     with connection.cursor() as cursor:
         cursor.execute(_running_sql(connection.vendor, ladder()), [str(JobState.RUNNING)])
         return [
-            Running(_standing(job_id, rank, level, promoted, share), (cost_ms or 0.0) / 1000, int(run_ms))
-            for job_id, rank, level, promoted, share, cost_ms, run_ms in cursor.fetchall()
+            Running(_standing(job_id, rank, level, promoted, share), (cost_ms or 0.0) / 1000, int(run_ms), worker)
+            for job_id, rank, level, promoted, share, cost_ms, run_ms, worker in cursor.fetchall()
         ]
 
 
@@ -103,11 +105,27 @@ def next_for_gpu(total_gpus: int) -> Waiting | None:
     return waiting[best] if best is not None else None
 
 
-def displacing(job_id: int, total_gpus: int, serving_ms: float = 0.0) -> Waiting | None:
+def displacing(
+    job_id: int,
+    *,
+    freed: Collection[str] = (),
+    serving_ms: float = 0.0,
+    held_s: float | None = None,
+    slice_s: float = 0.0,
+) -> Waiting | None:
     """The waiting job that running job `job_id` should leave its GPU to now, or None
-    (`ordering.makes_way_for`). None too if the job is not running. `serving_ms` is the
-    service of the slice it is ending, which its row does not count yet: it is judged at the
-    level it has once the slice is written."""
+    (`ordering.makes_way_for`). None too if the job is not running.
+
+    - `serving_ms` is the service of the slice it is ending, which its row does not count yet:
+      it is judged at the level it has once the slice is written.
+    - `freed`: the workers whose GPU left a job just now (clockq/bus/free_gpus.py, which says
+      why that, and not the heartbeats, is what counts as free). One that runs a job again is
+      not free. The pool is the running jobs' GPUs and the free ones.
+    - `held_s`, for a slice that ended before its planned end (an interrupt): how long the job
+      has held its GPU since its claim, and `slice_s` its planned slice. It leaves when
+      `ordering.leaves_at` says: at once for a tier that interrupts, otherwise only once it has
+      had a planned slice. A slice that ends on time has had one.
+    """
     now_running = running()
     me = next((i for i, r in enumerate(now_running) if r.standing.job_id == job_id), None)
     if me is None:
@@ -115,15 +133,24 @@ def displacing(job_id: int, total_gpus: int, serving_ms: float = 0.0) -> Waiting
     mine = now_running[me]
     level = ladder().level(mine.standing.rank, (mine.run_ms + serving_ms) / 1000)
     now_running[me] = dataclasses.replace(mine, standing=dataclasses.replace(mine.standing, level=level))
+    free = len(set(freed) - {r.worker for r in now_running})
     waiting = heads()
     best = ordering.makes_way_for(
         me,
         [r.standing for r in now_running],
         [r.switch_cost_s for r in now_running],
         [w.standing if w else None for w in waiting],
-        total_gpus=max(total_gpus, len(now_running)),
+        total_gpus=sum(r.standing.gpus for r in now_running) + free,
     )
-    return waiting[best] if best is not None else None
+    if best is None:
+        return None
+    chosen = waiting[best]
+    assert chosen is not None
+    if held_s is not None:
+        interrupt = ordering.interrupts(chosen.standing.rank)
+        if ordering.leaves_at(now=held_s, got_gpus_at=0.0, slice_s=slice_s, interrupt=interrupt) > held_s:
+            return None
+    return chosen
 
 
 def describe(w: Waiting) -> str:
@@ -216,5 +243,6 @@ def _running_sql(_vendor: str, ladder: ordering.Ladder) -> str:
     share = f"COALESCE(s.{column(UserShare, 'weighted_gpu_s')}, 0)"
     return (
         f"SELECT j.{column(Job, 'id')}, t.{column(QueueTier, 'rank')}, {_level_sql(ladder)}, {_promoted_sql()}, "
-        f"{share}, j.{column(Job, 'switch_cost_ms')}, j.{column(Job, 'run_ms')} {_from_sql()}"
+        f"{share}, j.{column(Job, 'switch_cost_ms')}, j.{column(Job, 'run_ms')}, j.{column(Job, 'worker')} "
+        f"{_from_sql()}"
     )

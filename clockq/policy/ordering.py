@@ -167,6 +167,14 @@ def interrupts(rank: int) -> bool:
     return rank < INTERRUPT_BELOW_RANK
 
 
+def may_interrupt(rank: int, running: Standing) -> bool:
+    """Whether a job of this tier arriving now could make `running` leave at once: its tier
+    interrupts, and a new job of it (level 0, the tier's own) may displace `running`. Whether it
+    does is still `makes_way_for`'s to say, which knows the other running jobs and the free GPUs."""
+    arrival = Standing(rank=rank, level=0, user_share_gpu_s=0.0, submitted=0.0)
+    return interrupts(rank) and may_displace(arrival, running)
+
+
 def leaves_at(*, now: float, got_gpus_at: float, slice_s: float, interrupt: bool) -> float:
     """When a victim leaves its GPU: at once for an urgent tier's job (its interrupt ends the
     slice at the next step); otherwise once it has had one planned slice since it got the GPU,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -38,15 +37,14 @@ class Boundary:
     """What a worker knows at the end of a slice."""
 
     done: bool
-    job_rank: int
-    waiting_by_rank: Sequence[int]  # messages waiting per tier rank, most urgent first
-    # The waiting job this one leaves its GPU to, as the order decides (clockq/policy/ordering.py,
-    # `makes_way_for`): its description, or None if none comes first.
+    # The waiting job this one leaves its GPU to now, as the order decides (clockq/policy/ordering.py,
+    # `makes_way_for` and `leaves_at`): its description, or None if none comes first.
     outranked_by: str | None = None
     pending_action: PendingAction = PendingAction.NONE
     past_deadline: bool = False
     shutting_down: bool = False
-    # The slice ended early because an RT job was announced, not because its time was up.
+    # The slice ended at a step, before its time was up: an urgent job was announced (or an
+    # operator changed the job). It changes what the decision is called, not what it is.
     cut_short: bool = False
     # This worker's checkpoint storage fails (a full disk): making way would lose the work done
     # since the job's last checkpoint.
@@ -123,6 +121,8 @@ def switch_cost_ewma(previous: float | None, sample: float) -> float:
     return ewma(previous, sample)
 
 
+# How the history names a yield before the slice's planned end (an urgent job interrupted it).
+PREEMPTED = "preempted"
 KEEPS_GPU_WHILE_STORAGE_FAILS = (
     "kept the GPU: checkpoint storage is failing, and making way would lose its work since its last checkpoint"
 )
@@ -151,12 +151,7 @@ def _decide(b: Boundary) -> Decision:
         return Decision(BoundaryAction.YIELD, "requeued by an operator")
     if b.shutting_down:
         return Decision(BoundaryAction.YIELD, "worker shutting down")
-    if b.cut_short:
-        # Only an RT job may take the GPU before the slice's time is up. If another GPU already
-        # took it, the slice goes on: taking turns with the same tier waits for the slice end.
-        if b.job_rank > 0 and b.waiting_by_rank and b.waiting_by_rank[0]:
-            return Decision(BoundaryAction.YIELD, "preempted by a waiting RT job")
-        return Decision(BoundaryAction.CONTINUE, "RT job already taken elsewhere")
     if b.outranked_by:
-        return Decision(BoundaryAction.YIELD, f"made way for {b.outranked_by}, which comes first in the order")
+        made_way = f"made way for {b.outranked_by}, which comes first in the order"
+        return Decision(BoundaryAction.YIELD, f"{PREEMPTED}: {made_way}" if b.cut_short else made_way)
     return Decision(BoundaryAction.CONTINUE, "nothing waiting that comes first in the order")

@@ -14,9 +14,9 @@ the times are the simulator's, live ones run some 15-20 % later, see MEAN_WAIT_T
     c-bk   3.0 s  4 s  waits: both GPUs hold more urgent work
     d-bp   4.5 s  6 s  waits; takes the first GPU that frees (a's, 6.0 s): BP goes before BK
     c-bk               takes the second (b's, 7.5 s): after d, though it came first
-    e-rt  10.5 s  1 s  cuts short c or d (the simulator takes the cheaper switch, live the
-                       GPU that reaches a step first; no later first start depends on which)
-    f-hp  12.0 s  2 s  starts at once, or makes a running BK/BP job yield at its slice end
+    e-rt  10.5 s  1 s  cuts short c or d (both sides take the cheaper switch, as measured
+                       on each side; no later first start depends on which)
+    f-hp  12.0 s  2 s  starts at once, or cuts short a running BK/BP job (HP interrupts)
 
 Arrivals are 1.5 s apart or more, and no first start hangs on a race: the simulator keeps this
 order with every job up to 40 % longer and submitted up to 0.3 s late, under 300 seeds of the RT

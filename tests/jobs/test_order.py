@@ -108,18 +108,18 @@ def test_below_their_share_the_best_effort_tiers_get_a_free_gpu(alice):
 def test_a_running_job_makes_way_only_for_a_job_that_comes_first(alice):
     long_sp = running(alice, "SP", run_s=rungs(SP)[0] + 1)
     queued(alice, "SP", run_s=rungs(SP)[0] + 2)  # same level, later: waits for a free GPU
-    assert order.displacing(long_sp.pk, total_gpus=1) is None
+    assert order.displacing(long_sp.pk) is None
     new_bk = queued(alice, "BK")  # level 0: comes first
-    assert order.displacing(long_sp.pk, total_gpus=1).standing.job_id == new_bk.pk
-    assert order.displacing(new_bk.pk, total_gpus=1) is None  # not running
+    assert order.displacing(long_sp.pk).standing.job_id == new_bk.pk
+    assert order.displacing(new_bk.pk) is None  # not running
 
 
 def test_of_two_running_jobs_the_one_furthest_back_makes_way(alice):
     sp = running(alice, "SP", run_s=rungs(SP)[0] + 1)
     bk = running(alice, "BK", run_s=rungs(BK)[0] + 1)
     hp = queued(alice, "HP")
-    assert order.displacing(sp.pk, total_gpus=2) is None
-    assert order.displacing(bk.pk, total_gpus=2).standing.job_id == hp.pk
+    assert order.displacing(sp.pk) is None
+    assert order.displacing(bk.pk).standing.job_id == hp.pk
 
 
 def test_service_adds_up_per_user_and_tier_weighted_by_when_it_was_given(alice, bob):
@@ -137,5 +137,34 @@ def test_service_adds_up_per_user_and_tier_weighted_by_when_it_was_given(alice, 
 def test_the_slice_being_ended_counts_in_the_running_jobs_level(alice):
     just_below = running(alice, "SP", run_s=rungs(SP)[0] - 0.005)
     newer = queued(alice, "SP")
-    assert order.displacing(just_below.pk, total_gpus=1) is None  # the same level: first come keeps its GPU
-    assert order.displacing(just_below.pk, total_gpus=1, serving_ms=10).standing.job_id == newer.pk
+    assert order.displacing(just_below.pk) is None  # the same level: first come keeps its GPU
+    assert order.displacing(just_below.pk, serving_ms=10).standing.job_id == newer.pk
+
+
+def test_rt_takes_the_running_job_with_the_cheapest_measured_switch(alice):
+    dear = running(alice, "SP", switch_cost_ms=40.0, worker="gpu0@a")
+    cheap = running(alice, "BK", switch_cost_ms=4.0, worker="gpu1@a")
+    rt = queued(alice, "RT")
+    assert order.displacing(dear.pk) is None
+    assert order.displacing(cheap.pk).standing.job_id == rt.pk
+
+
+def test_a_gpu_just_freed_is_free_until_it_runs_a_job_again(alice):
+    # Given two busy GPUs and an RT job waiting
+    cheap = running(alice, "SP", switch_cost_ms=4.0, worker="gpu0@a")
+    running(alice, "SP", switch_cost_ms=40.0, worker="gpu1@a")
+    queued(alice, "RT")
+    # A third GPU that has just left its job takes the RT job: nobody makes way
+    assert order.displacing(cheap.pk, freed={"gpu2@a"}) is None
+    # A worker that has left a job and runs one again is not free
+    assert order.displacing(cheap.pk, freed={"gpu1@a"}) is not None
+
+
+def test_a_slice_cut_short_leaves_at_once_only_for_a_tier_that_interrupts(alice):
+    bk = running(alice, "BK", run_s=rungs(BK)[0] + 1)
+    sp = queued(alice, "SP")
+    # Its slice ended early, 10 ms into a planned 100 ms: it has not had its slice
+    assert order.displacing(bk.pk, held_s=0.01, slice_s=0.1) is None
+    assert order.displacing(bk.pk, held_s=0.2, slice_s=0.1).standing.job_id == sp.pk  # it has
+    hp = queued(alice, "HP")
+    assert order.displacing(bk.pk, held_s=0.01, slice_s=0.1).standing.job_id == hp.pk  # HP interrupts

@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from clockq.policy.slicing import (
+    PREEMPTED,
     Boundary,
     BoundaryAction,
     PendingAction,
@@ -35,26 +36,26 @@ def test_plan_slice_never_goes_below_the_floor():
 @pytest.mark.parametrize(
     ("boundary", "action"),
     [
-        (Boundary(done=True, job_rank=2, waiting_by_rank=[9, 9, 9, 9, 9]), BoundaryAction.FINISH),
-        # Jobs wait, but none comes first in the order (an older job of its class keeps its GPU).
-        (Boundary(done=False, job_rank=2, waiting_by_rank=[0, 1, 0, 0, 4]), BoundaryAction.CONTINUE),
+        (Boundary(done=True), BoundaryAction.FINISH),
+        # None of the jobs waiting comes first in the order (an older job of its class keeps its GPU).
+        (Boundary(done=False), BoundaryAction.CONTINUE),
         (
-            Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 0, 0, 1], outranked_by="job #7 (BK, level 0)"),
+            Boundary(done=False, outranked_by="job #7 (BK, level 0)"),
             BoundaryAction.YIELD,
         ),
         (
-            Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 0, 0, 0], past_deadline=True),
+            Boundary(done=False, past_deadline=True),
             BoundaryAction.TIME_OUT,
         ),
         (
-            Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, pending_action=PendingAction.HOLD),
+            Boundary(done=False, pending_action=PendingAction.HOLD),
             BoundaryAction.HOLD,
         ),
         (
-            Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, pending_action=PendingAction.REQUEUE),
+            Boundary(done=False, pending_action=PendingAction.REQUEUE),
             BoundaryAction.YIELD,
         ),
-        (Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, shutting_down=True), BoundaryAction.YIELD),
+        (Boundary(done=False, shutting_down=True), BoundaryAction.YIELD),
     ],
 )
 def test_decide_at_boundary(boundary, action):
@@ -98,19 +99,13 @@ def test_a_single_stalled_switch_moves_the_estimate_a_little_and_a_lasting_rise_
     assert estimate > 90.0
 
 
-@pytest.mark.parametrize(
-    ("rank", "waiting", "action"),
-    [
-        (2, [1, 0, 3, 0, 0], BoundaryAction.YIELD),  # RT waits: make way now
-        (2, [0, 0, 3, 0, 0], BoundaryAction.CONTINUE),  # RT already taken; SP turns wait for the slice end
-        (0, [1, 0, 0, 0, 0], BoundaryAction.CONTINUE),  # an RT job is not preempted by another RT job
-    ],
-)
-def test_a_slice_cut_short_by_an_rt_signal_yields_only_to_rt(rank, waiting, action):
-    assert (
-        decide_at_boundary(Boundary(done=False, job_rank=rank, waiting_by_rank=waiting, cut_short=True)).action
-        == action
-    )
+def test_a_slice_cut_short_yields_only_to_the_job_the_order_names():
+    # An urgent job was announced; the order named this job to make way for it, or did not (a
+    # free GPU took it, or another GPU's job is the victim).
+    named = decide_at_boundary(Boundary(done=False, outranked_by="job #9 (RT, service level 0)", cut_short=True))
+    assert named.action == BoundaryAction.YIELD
+    assert named.reason == f"{PREEMPTED}: made way for job #9 (RT, service level 0), which comes first in the order"
+    assert decide_at_boundary(Boundary(done=False, cut_short=True)).action == BoundaryAction.CONTINUE
 
 
 def test_plan_slice_takes_keyword_arguments_only():
@@ -123,18 +118,18 @@ def test_plan_slice_takes_keyword_arguments_only():
     [
         # Making way for a job of the same tier, a higher one or an RT job would lose the work.
         (
-            Boundary(done=False, job_rank=2, waiting_by_rank=[0, 0, 1, 0, 0], outranked_by="job #7"),
+            Boundary(done=False, outranked_by="job #7"),
             BoundaryAction.CONTINUE,
         ),
-        (Boundary(done=False, job_rank=2, waiting_by_rank=[1, 0, 0, 0, 0], cut_short=True), BoundaryAction.CONTINUE),
+        (Boundary(done=False, outranked_by="job #8 (RT, service level 0)", cut_short=True), BoundaryAction.CONTINUE),
         # What a deadline, an operator or a stopping worker asks for still happens.
-        (Boundary(done=True, job_rank=2, waiting_by_rank=[1] * 5), BoundaryAction.FINISH),
-        (Boundary(done=False, job_rank=2, waiting_by_rank=[1] * 5, past_deadline=True), BoundaryAction.TIME_OUT),
+        (Boundary(done=True), BoundaryAction.FINISH),
+        (Boundary(done=False, past_deadline=True), BoundaryAction.TIME_OUT),
         (
-            Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, pending_action=PendingAction.REQUEUE),
+            Boundary(done=False, pending_action=PendingAction.REQUEUE),
             BoundaryAction.YIELD,
         ),
-        (Boundary(done=False, job_rank=2, waiting_by_rank=[0] * 5, shutting_down=True), BoundaryAction.YIELD),
+        (Boundary(done=False, shutting_down=True), BoundaryAction.YIELD),
     ],
 )
 def test_a_job_makes_way_for_no_one_while_its_checkpoints_cannot_be_written(boundary, action):

@@ -109,7 +109,7 @@ def busy_pool(alice):
     make_slice(hp, GPU0, t0, 100, "continued")
     make_slice(hp, GPU0, t0 + timedelta(milliseconds=100), 100, "yielded")
     made_way = make_slice(sp, GPU0, t0 + timedelta(milliseconds=200), 30, "yielded")
-    rt_reason = decide_at_boundary(Boundary(done=False, job_rank=2, waiting_by_rank=[1, 0, 0], cut_short=True)).reason
+    rt_reason = decide_at_boundary(Boundary(done=False, outranked_by=f"job #{rt.pk} (RT)", cut_short=True)).reason
     make_event(sp, made_way.ended_at - timedelta(milliseconds=2), rt_reason)
     make_slice(rt, GPU0, t0 + timedelta(milliseconds=240), 10, "completed")
 

@@ -126,7 +126,7 @@ def test_every_chart_draws_from_local_files_and_refreshes_in_place(watched_page,
     timeline = page.locator("#chart-timeline")
     assert timeline.locator(".barlayer .point path").count() == 4  # one bar per stay on a GPU
     assert timeline.locator(".scatterlayer .trace").count() == 4  # switch, preempted, promoted, promotion
-    for name in ("switch", "made way for RT", "promoted slice", "promotion", "HP", "SP", "RT"):
+    for name in ("switch", "preempted (RT, HP)", "promoted slice", "promotion", "HP", "SP", "RT"):
         assert timeline.locator(".legend .legendtext", has_text=re.compile(rf"^{re.escape(name)}$")).count() == 1
     assert timeline.locator(".scatterlayer .point").count() >= 4
     labels = timeline.locator(".yaxislayer-above .ytick text")

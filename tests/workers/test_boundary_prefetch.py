@@ -1,6 +1,6 @@
 """A slice boundary's read (queue lengths, the job's row, the queued counts) is made during the
 slice's last step, on the worker's reader thread, so the GPU does not wait for it after the step;
-but a change signalled after that read (an operator's hold, an RT job) is never missed."""
+but a change signalled after that read (an operator's hold, an urgent job) is never missed."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_a_hold_asked_for_after_that_read_is_still_honoured(alice, operator, rea
         services.hold_job(Job.objects.get(pk=run.job_id), actor="op")
         # ...and its signal reaches the worker before the boundary, as it would in a real slice.
         wait_for(
-            lambda: run.runtime.interrupts.should_end_slice(run.job_id, run.tiers.current.rank),
+            lambda: run.runtime.interrupts.poked(run.job_id),
             30,
             what="the hold's signal",
         )

@@ -1,6 +1,6 @@
 """An RT job does not wait for a cold restore: a worker that is still waiting for another
-worker's persist of the job it claimed gives the GPU up at once, and the job goes back to its
-queue as it was."""
+worker's persist of the job it claimed gives the GPU up at once, if the order names it to make
+way, and the job goes back to its queue as it was."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from django.test import override_settings
 
 from clockq.bus import persists, signals
 from clockq.bus.client import client
+from clockq.jobs import order
 from clockq.jobs.checkpoints import CheckpointStore, checkpoint_name
 from clockq.jobs.models import Job
 from tests.harness import program_python
-from tests.helpers import after_the_claim, submit
+from tests.helpers import after_the_claim, not_free, submit
+from workers.run.restore import Restore
 from workers.runtime import Runtime, WorkerIdentity
 from workers.slice_runner import RunOutcome, run_dispatch
 from workers.workloads import command
@@ -20,7 +22,8 @@ from workers.workloads.synthetic import SyntheticWorkload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MADE_WAY = "made way for an RT job during its restore"
+MADE_WAY = "made way for job #"  # the RT job, "(RT, service level 0) during its restore (...)"
+DURING_RESTORE = "(RT, service level 0) during its restore"
 
 
 def _checkpointed_elsewhere(alice) -> tuple[Job, str]:
@@ -32,6 +35,7 @@ def _checkpointed_elsewhere(alice) -> tuple[Job, str]:
     with override_settings(CLOCKQ_OVERHEAD_BUDGET=0):
         assert run_dispatch(job.pk, job.dispatch_token, there) == RunOutcome.YIELDED
     assert there.persister.flush(timeout=30)  # generation 1 is written in the background
+    not_free(there)
     Job.objects.filter(pk=rival.pk).update(state="cancelled")
     job = Job.objects.get(pk=job.pk)
     (first,) = job.checkpoint_files
@@ -41,13 +45,14 @@ def _checkpointed_elsewhere(alice) -> tuple[Job, str]:
     return Job.objects.get(pk=job.pk), first
 
 
-def rt_job_arrives(owner, runtime: Runtime | None = None) -> None:
+def rt_job_arrives(owner, runtime: Runtime | None = None) -> Job:
     """Submit an RT job now and, with `runtime`, signal its worker at once. Submitted before
     the claim, the RT job would be claimed instead (it comes first in the order): these tests
     have it arrive once the worker holds its job."""
-    submit(owner, "RT", "urgent", steps=1)
+    rt = submit(owner, "RT", "urgent", steps=1)
     if runtime is not None:
-        runtime.interrupts.rt_waiting.set()
+        runtime.interrupts.heard_urgent(0)
+    return rt
 
 
 def when_asked_for_the_writer_of(name: str, then, monkeypatch) -> None:
@@ -87,13 +92,13 @@ def test_a_restore_waiting_for_a_persist_makes_way_for_an_rt_job(alice, monkeypa
     assert after.state == "queued" and after.dispatch_token != job.dispatch_token
     assert after.checkpoint_files == job.checkpoint_files and after.checkpoint_generation == 2
     assert after.progress == job.progress
-    assert after.events.filter(
-        reason__startswith=MADE_WAY, reason__contains="gpu9@elsewhere was still writing"
-    ).exists()
+    assert (
+        after.events.filter(reason__startswith=MADE_WAY, reason__contains=DURING_RESTORE)
+        .filter(reason__contains="gpu9@elsewhere was still writing")
+        .exists()
+    )
     made_way = after.slices.order_by("-id").first()
     assert (made_way.outcome, made_way.steps, made_way.preempted) == ("yielded", 0, True)
-    # This worker took the RT job from the unclaimed count: no other GPU makes way for it too.
-    assert here.made_way_for_rt and not signals.take_rt_job(client())
 
 
 def test_a_claim_signalled_before_its_restore_makes_way_before_its_setup(alice, monkeypatch):
@@ -103,7 +108,7 @@ def test_a_claim_signalled_before_its_restore_makes_way_before_its_setup(alice, 
 
     with after_the_claim(lambda: rt_job_arrives(alice, here)):
         assert run_dispatch(job.pk, job.dispatch_token, here) == RunOutcome.YIELDED
-    assert Job.objects.get(pk=job.pk).events.filter(reason=f"{MADE_WAY} (before its setup)").exists()
+    assert Job.objects.get(pk=job.pk).events.filter(reason__endswith=f"{DURING_RESTORE} (before its setup)").exists()
 
 
 def test_an_rt_job_signalled_during_the_setup_is_served_before_the_read(alice, monkeypatch):
@@ -120,18 +125,37 @@ def test_an_rt_job_signalled_during_the_setup_is_served_before_the_read(alice, m
     monkeypatch.setattr(CheckpointStore, "restore", lambda *_a, **_k: pytest.fail("read for nothing"))
 
     assert run_dispatch(job.pk, job.dispatch_token, here) == RunOutcome.YIELDED
-    reason = f"{MADE_WAY} (after its setup, before reading its checkpoint)"
-    assert Job.objects.get(pk=job.pk).events.filter(reason=reason).exists()
+    reason = f"{DURING_RESTORE} (after its setup, before reading its checkpoint)"
+    assert Job.objects.get(pk=job.pk).events.filter(reason__endswith=reason).exists()
 
 
-def test_a_restore_goes_on_when_another_gpu_took_the_rt_job(alice, monkeypatch):
+def test_a_restore_goes_on_at_the_cost_of_one_broker_read_when_a_free_gpu_took_the_rt_job(alice, monkeypatch):
     job, _first = _checkpointed_elsewhere(alice)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
 
     def taken_elsewhere():
-        rt_job_arrives(alice, here)
-        assert signals.take_rt_job(client())  # another busy GPU made way for it
+        rt = rt_job_arrives(alice, here)
+        # A free GPU took its message off the queue and claimed it
+        client().delete("rt")
+        Job.objects.filter(pk=rt.pk).update(state="running", worker="gpu7@elsewhere")
 
+    # The order is not read during the restore (the slice's own boundary reads it, as always)
+    restoring, displacing = [False], order.displacing
+
+    def restore(self):
+        restoring[0] = True
+        try:
+            return real_restore(self)
+        finally:
+            restoring[0] = False
+
+    def not_while_restoring(*args, **kwargs):
+        assert not restoring[0], "read the order for nothing"
+        return displacing(*args, **kwargs)
+
+    real_restore = Restore.workload
+    monkeypatch.setattr(Restore, "workload", restore)
+    monkeypatch.setattr(order, "displacing", not_while_restoring)
     # The writer gives up on generation 2 while the worker waits for it; the restore then
     # falls back to 1.
     in_flight = job.checkpoint_files[0]
@@ -141,10 +165,10 @@ def test_a_restore_goes_on_when_another_gpu_took_the_rt_job(alice, monkeypatch):
         run_dispatch(job.pk, job.dispatch_token, here)
 
     after = Job.objects.get(pk=job.pk)
-    assert not after.events.filter(reason__startswith=MADE_WAY).exists()
+    assert not after.events.filter(reason__contains="during its restore").exists()
     assert after.events.filter(reason__contains="restored generation 1").exists()
     assert after.slices.order_by("-id").first().steps > 0
-    assert not here.interrupts.rt_waiting.is_set()  # answered: the RT job was taken
+    assert not here.interrupts.urgent.is_set()  # looked at, and answered
 
 
 def test_an_rt_job_does_not_wait_for_a_command_jobs_program_to_start(operator, monkeypatch):
@@ -155,9 +179,11 @@ def test_an_rt_job_does_not_wait_for_a_command_jobs_program_to_start(operator, m
     here = Runtime(WorkerIdentity("gpu0@test", 0))
     catches_signal = command.catches_signal
 
+    arrived: list[Job] = []
+
     def starting(pid, signum):  # the worker looks for the handler: the program is starting
-        if not here.interrupts.rt_waiting.is_set():
-            rt_job_arrives(operator, here)
+        if not arrived:
+            arrived.append(rt_job_arrives(operator, here))
         return catches_signal(pid, signum)
 
     monkeypatch.setattr(command, "catches_signal", starting)
@@ -166,5 +192,6 @@ def test_an_rt_job_does_not_wait_for_a_command_jobs_program_to_start(operator, m
 
     after = Job.objects.get(pk=job.pk)
     assert after.state == "queued" and after.checkpoint_files == [] and after.failures == 0
-    assert after.events.filter(reason=f"{MADE_WAY} (while its program started)").exists()
-    assert here.made_way_for_rt
+    assert after.events.filter(
+        reason=f"{MADE_WAY}{arrived[0].pk} {DURING_RESTORE} (while its program started)"
+    ).exists()

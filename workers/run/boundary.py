@@ -4,26 +4,34 @@ It decides from the job's row, the broker's queue lengths and, only when those s
 waits, the order in the database (clockq/jobs/order.py): whether a waiting job comes first and
 this job is the one to make way for it. That read is made during the slice's last step, on the
 runtime's reader thread, when the end could be foreseen, so the GPU does not wait for it; a
-change signalled after it (an RT job, an operator's hold) still counts.
+change signalled after it (an urgent job, an operator's hold) still counts.
+
+An urgent job (a tier that interrupts: RT, HP) is announced to every busy GPU. One whose job it
+could displace looks at its next step (`interrupted`): the same read and the same question, so
+the policy's victim leaves (for RT the cheapest switch), and every other GPU goes on within the
+same slice, having written nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.db import DatabaseError
 from django.db import connection as db_connection
 from django.utils import timezone
 from redis import RedisError
 
-from clockq.bus import queues, signals
-from clockq.bus.client import client
+from clockq.bus import free_gpus, queues
+from clockq.bus.queues import BrokerView
 from clockq.jobs import hot_sql, order
 from clockq.jobs.models import Job
-from clockq.policy.slicing import Boundary, Decision, PendingAction, decide_at_boundary, ewma
+from clockq.policy import ordering
+from clockq.policy.slicing import Boundary, BoundaryAction, Decision, PendingAction, decide_at_boundary, ewma
 from clockq.policy.states import JobState
 from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob
@@ -43,6 +51,8 @@ class BoundaryRead:
     outranked_by: str | None = None
     # The next checkpoint's persist mark, set ahead when the read foresaw a yield: (name, when).
     marked: tuple[str, float] | None = None
+    # This GPU was marked free ahead, with the read that foresaw the yield (clockq/bus/free_gpus.py).
+    freed_ahead: bool = False
 
 
 def prefetch_lead_s(step_s: float, read_s: float, budget_s: float) -> float:
@@ -64,12 +74,18 @@ class SliceBoundary:
         self.tiers = tiers
         self.checkpoints = checkpoints
         self.prefetch: Future[BoundaryRead] | None = None  # the boundary's read, made during the last step
-        self.slice_ms = 0.0
+        self.slice_ms = 0.0  # the service this slice adds, as the order judges it
+        self.planned_s = math.inf  # the planned slice; none yet during the restore
+        self.claimed_at = time.monotonic()  # when the job got this GPU
+        self.run_ms = float(job.run_ms)  # its service, this claim's slices included
+        self.looked: BoundaryRead | None = None  # an urgent job's look that named a job to make way for
+        self.relook_at: float | None = None  # (monotonic) when to look once more (`_look`)
 
     def new_slice(self, planned_ms: float) -> None:
         """A read made for an earlier slice is not this one's."""
         self.prefetch = None
-        self.slice_ms = planned_ms  # the service this slice adds, as the order judges it
+        self.slice_ms = planned_ms
+        self.planned_s = planned_ms / 1000
 
     def read_ahead(self) -> None:
         """Start the boundary's read on the reader thread, once a slice: the step loop calls this
@@ -77,25 +93,49 @@ class SliceBoundary:
         if self.prefetch is None:
             self.prefetch = self.runtime.boundary_reader.submit(self._prefetch_boundary)
 
+    def interrupted(self, serving_ms: float) -> bool:
+        """At a step (or during a restore): whether an urgent job takes this GPU now. Almost
+        free unless one was announced that could displace this job (`ordering.may_interrupt`);
+        then this is the boundary's own read and question (`_look`), `serving_ms` being the
+        slice's service so far. True only if the order names a waiting job to make way for now;
+        the boundary then decides from that read. Otherwise the slice goes on as it was."""
+        rank = self.runtime.interrupts.take_urgent()
+        relook = False
+        if rank is None:
+            if self.relook_at is None or time.monotonic() < self.relook_at:
+                return False
+            self.relook_at, relook = None, True
+        elif not ordering.may_interrupt(rank, self._standing(serving_ms)):
+            return False
+        return self._look(serving_ms, relook=relook)
+
+    def urgent_takes_gpu(self) -> bool:
+        """During a cold restore, which can wait seconds for another worker's persist of a big
+        state, or a program's start: whether an urgent job takes this GPU now, instead of after
+        the restore and one step. The same look as at a step (`interrupted`)."""
+        return self.interrupted(serving_ms=0.0)
+
     def decide(self, done: bool, cut_short: bool, used_ms: float) -> Decision:
         """The policy's decision at this boundary, after a slice that ran `used_ms`.
         LostOwnership if the job is no longer ours."""
-        read = self._prefetched() if not (done or cut_short) else None
+        self.slice_ms = used_ms
+        read, self.looked = self.looked, None
+        if read is None and not (done or cut_short):
+            read = self._prefetched()
         if read is None:
             read = self._read_boundary(done, cut_short)
         self.checkpoints.marked_ahead = read.marked
-        row, waiting = read.row, read.waiting
+        row = read.row
         if row is None or row["state"] != JobState.RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
         self.runtime.interrupts.clear(self.job_id)
         if row["tier_id"] != self.tiers.current.id:  # moved by an operator while running
             self.tiers.current = self.runtime.tiers.get(row["tier_id"])
+        self.run_ms += used_ms
         self.tiers.serve(used_ms, order.ladder())  # a promoted job served enough goes home
-        return decide_at_boundary(
+        decision = decide_at_boundary(
             Boundary(
                 done=done,
-                job_rank=self.tiers.current.rank,
-                waiting_by_rank=waiting,
                 outranked_by=read.outranked_by,
                 pending_action=PendingAction(row["pending_action"]),
                 past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
@@ -104,38 +144,87 @@ class SliceBoundary:
                 checkpoints_failing=not done and self.runtime.checkpoints_failing(self.checkpoints.nbytes),
             )
         )
+        if decision.action != BoundaryAction.CONTINUE and not read.freed_ahead:
+            self.runtime.leave_gpu()  # before the write that frees it: see clockq/bus/free_gpus.py
+        return decision
 
-    def rt_wants_gpu(self) -> bool:
-        """During a cold restore, which can wait seconds for another worker's persist of a big
-        state, or a program's start: whether an RT job should have this GPU now, instead of
-        after the restore and one step. Every busy GPU heard the RT signal; as at a step
-        (`_waiting_by_rank`), the one that takes the RT job from the unclaimed count makes way,
-        and the others go on (and forget the signal, which was answered)."""
-        if not self.runtime.interrupts.rt_waits(self.tiers.current.rank):
+    def _look(self, serving_ms: float, *, relook: bool) -> bool:
+        """An urgent job was announced: is this the GPU it takes? The cheap first look is the
+        broker's: if no message of a tier that interrupts is there any more, a free GPU took it
+        (or it was answered already), and that costs one round trip to Redis. Otherwise the order
+        decides, as at any boundary (`order.displacing`).
+
+        Every busy GPU that the announced job could displace looks once per announcement: one
+        round trip to Redis and, while an urgent message waits, the order's two statements (the
+        queue heads and the running jobs, which is what each of their next boundaries reads
+        anyway); the one that makes way reads its row too. A look that went on while a GPU
+        counted as free (clockq/bus/free_gpus.py) is made once more when that GPU no longer
+        counts, so that a worker that died just after it left a job holds an urgent job back by
+        at most FREE_S: so at most two looks per GPU and announcement."""
+        view = self._broker_view()
+        if not any(n for rank, n in enumerate(view.waiting) if ordering.interrupts(rank)):
             return False
-        waiting = self._waiting_by_rank(self.tiers.home.rank, cut_short=True)  # [] if the broker is down
-        if waiting and waiting[0]:
-            return True
-        self.runtime.interrupts.clear_rt()
-        return False
+        try:
+            first = order.displacing(
+                self.job_id, freed=view.freed, serving_ms=serving_ms, held_s=self._held_s(), slice_s=self.planned_s
+            )
+            row = self._row() if first is not None else None
+        except DatabaseError as exc:
+            # Not the job's failure (this runs inside the step loop's workload errors): its
+            # boundary reads the database again, and meets the fault there.
+            log.warning("job %s: cannot read the order for an urgent job (%s); going on", self.job_id, exc)
+            return False
+        if first is None:
+            if view.freed and not relook:
+                self.relook_at = time.monotonic() + free_gpus.FREE_S
+            return False
+        self.looked = BoundaryRead(view.waiting, row, order.describe(first))
+        return True
+
+    def _standing(self, serving_ms: float) -> ordering.Standing:
+        """This job as the order sees it now, its service in this slice so far included."""
+        served = (self.tiers.served_ms if self.tiers.promoted else self.run_ms) + serving_ms
+        rank = self.tiers.current.rank
+        return ordering.Standing(
+            rank=rank,
+            level=order.ladder().level(rank, served / 1000),
+            user_share_gpu_s=0.0,
+            submitted=float(self.job_id),
+            job_id=self.job_id,
+            promoted=self.tiers.promoted,
+        )
+
+    def _held_s(self) -> float:
+        return time.monotonic() - self.claimed_at
+
+    def _row(self) -> dict[str, Any] | None:
+        return hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
 
     def _read_boundary(self, done: bool, cut_short: bool) -> BoundaryRead:
         """What a boundary decides from: the broker's queue lengths, the job's row, and, when
         the broker says someone waits, the order in the database (the broker may hold stale or
-        duplicate messages, and knows nothing of service levels or shares)."""
-        waiting = [] if done else self._waiting_by_rank(self.tiers.home.rank, cut_short)
-        row = hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
+        duplicate messages, and knows nothing of service levels or shares). A slice cut short
+        has not had its planned time: it leaves only when `ordering.leaves_at` says so."""
+        view = BrokerView() if done else self._broker_view()
+        row = self._row()
         outranked_by = None
-        if not cut_short and any(waiting):
-            first = order.displacing(self.job_id, self.runtime.gpu_count(), serving_ms=self.slice_ms)
+        if any(view.waiting):
+            first = order.displacing(
+                self.job_id,
+                freed=view.freed,
+                serving_ms=self.slice_ms,
+                held_s=self._held_s() if cut_short else None,
+                slice_s=self.planned_s,
+            )
             outranked_by = order.describe(first) if first is not None else None
-        return BoundaryRead(waiting, row, outranked_by)
+        return BoundaryRead(view.waiting, row, outranked_by)
 
     def _prefetch_boundary(self) -> BoundaryRead:
         """`_read_boundary` for a slice that ends on time, on the runtime's reader thread. When the
-        read says the job will likely yield, the next checkpoint's persist mark is set here too,
-        another round trip off the GPU's path (a mark for a checkpoint never named is ignored,
-        and expires)."""
+        read says the job will likely yield, the next checkpoint's persist mark and this GPU's
+        free mark are set here too, more round trips off the GPU's path (a persist mark for a
+        checkpoint never named is ignored, and expires; a free mark counts only once the job has
+        left the GPU)."""
         try:
             began = time.perf_counter()
             read = self._read_boundary(done=False, cut_short=False)
@@ -144,6 +233,7 @@ class SliceBoundary:
                 name = self.checkpoints.next_name()
                 if self.runtime.persister.mark(self.job_id, name):
                     read = replace(read, marked=(name, time.monotonic()))
+                read = replace(read, freed_ahead=self.runtime.leave_gpu())
             return read
         except Exception:
             db_connection.close()  # the reader thread's own connection: a broken one is not kept
@@ -151,36 +241,25 @@ class SliceBoundary:
 
     def _prefetched(self) -> BoundaryRead | None:
         """The read made during the last step, if it is done and nothing happened since that it
-        could have missed: an RT job or an operator's change signals the worker, and then the
+        could have missed: an urgent job or an operator's change signals the worker, and then the
         boundary reads afresh. (A job of another tier queued during those last steps waits for the
         next boundary, as if it had come a little later.)"""
         prefetch, self.prefetch = self.prefetch, None
         if prefetch is None or not prefetch.done() or prefetch.exception() is not None:
             return None  # not done in time (the GPU does not wait for it), or it failed
-        if self.runtime.interrupts.should_end_slice(self.job_id, self.tiers.current.rank):
+        if self.runtime.interrupts.pending(self.job_id):
             return None
         read = prefetch.result()
         if read.row is None or read.row["state"] != JobState.RUNNING or read.row["dispatch_token"] != self.token:
             return None  # the job is not ours any more: a decision that grave is made on a fresh read
         return read
 
-    def _waiting_by_rank(self, rank: int, cut_short: bool = False) -> list[int]:
-        """Jobs waiting per tier, from the broker's queue lengths: the cheap first look. When
-        they say someone waits ahead, the database confirms it (`_read_boundary`).
-
-        After an RT interrupt only RT counts, and only for the one busy GPU that takes the RT job
-        from the counter of unclaimed ones (clockq/bus/signals.py): every busy GPU heard the signal,
-        and one checkpoint per RT job is enough."""
+    def _broker_view(self) -> BrokerView:
+        """Jobs waiting per tier and the GPUs just freed, from the broker: the cheap first look.
+        When someone waits, the database confirms it."""
         try:
-            waiting = queues.waiting_by_rank()
+            return queues.boundary_view()
         except RedisError as exc:
             # With the broker down nothing can be dispatched anyway: keep the GPU busy.
             log.warning("job %s: cannot read queue lengths (%s); continuing", self.job_id, exc)
-            return []
-        if cut_short:
-            # Of all the busy GPUs that heard the RT signal, one per RT job makes way.
-            if rank > 0 and waiting[0] and signals.take_rt_job(client()):
-                self.runtime.made_way_for_rt = True
-            else:
-                waiting[0] = 0
-        return waiting
+            return BrokerView()

@@ -13,11 +13,14 @@ from typing import Any, ClassVar
 
 from django.db.models import F
 from django.utils import timezone
+from redis import RedisError
 
-from clockq.bus import counters, dispatch
+from clockq.bus import counters, dispatch, queues, signals
+from clockq.bus.client import client
 from clockq.jobs import hot_sql, order
 from clockq.jobs.models import Job
 from clockq.jobs.transitions import transition
+from clockq.policy import ordering
 from clockq.policy.service_levels import WaitVerdict, judge_wait
 from clockq.policy.states import JobState
 from workers.lease import lease_until
@@ -84,8 +87,9 @@ def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
         other = _queued_row(best.standing.job_id, best.token)
         claimed = _claim_row(other, runtime) if other is not None else None
         if claimed is not None:
-            # The message's own job is still queued and needs its wake-up back. Not announced as
-            # a new RT job: the RT count already holds it.
+            # The message's own job is still queued and needs its wake-up back. Not announced
+            # again: its dispatch was, and the claim of an urgent job announces the urgent jobs
+            # still waiting (`_announce_urgent_left`).
             _send_again(job_id, token, runtime.tiers.get(row["tier_id"]).queue_name)
             return claimed
         # Another worker took it first, or it ended or stayed queued at its claim: take ours.
@@ -167,9 +171,24 @@ def _claim_row(row: dict[str, Any], runtime: Runtime) -> ClaimedJob | None:
     )
     if changed is None:
         return None
+    if ordering.interrupts(runtime.tiers.get(row["tier_id"]).rank):
+        runtime.boundary_reader.submit(_announce_urgent_left)
     if first_start:
         counters.count_first_start(tier=home.code, wait_ms=first_start["first_wait_ms"], writer=runtime.boundary_reader)
     return ClaimedJob(**{name: row[name] for name in ClaimedJob.FIELDS})
+
+
+def _announce_urgent_left() -> None:
+    """After the claim of an urgent job (off the claim's path): if more urgent jobs wait, say so
+    again. A look at a boundary names one victim, for the first waiting job, and none while a
+    GPU is free; a burst of urgent jobs gets its next victim once this GPU is taken."""
+    try:
+        waiting = queues.waiting_by_rank()
+    except RedisError:
+        return  # a lost announcement only leaves it to the ordinary boundaries
+    urgent = [rank for rank, n in enumerate(waiting) if n and ordering.interrupts(rank)]
+    if urgent:
+        signals.announce_urgent(client(), min(urgent))
 
 
 def _fits(job_id: int, token: str, need_mib: int | None, runtime: Runtime) -> bool:

@@ -2,7 +2,7 @@
 and loaded from its checkpoint.
 
 A cold restore can take seconds (a framework import, a model build, a wait for another worker's
-persist of a big state), so it asks before each slow part whether an RT job should have the GPU
+persist of a big state), so it asks before each slow part whether an urgent job (RT, HP) takes the GPU
 instead, and gives way (RestoreAbandoned) when it should.
 """
 
@@ -32,7 +32,7 @@ log = logging.getLogger("clockq.slices")
 
 
 class Restore:
-    """One claim's restore of its job's workload; `rt_wants_gpu` says when to give way."""
+    """One claim's restore of its job's workload; `urgent_takes_gpu` says when to give way."""
 
     def __init__(
         self,
@@ -41,7 +41,7 @@ class Restore:
         *,
         checkpoints: Checkpointer,
         metrics: MetricsRecorder,
-        rt_wants_gpu: Callable[[], bool],
+        urgent_takes_gpu: Callable[[], bool],
         note: Callable[[str], None],
     ):
         self.job = job
@@ -50,7 +50,7 @@ class Restore:
         self.runtime = runtime
         self.checkpoints = checkpoints
         self.metrics = metrics
-        self.rt_wants_gpu = rt_wants_gpu
+        self.urgent_takes_gpu = urgent_takes_gpu
         self.note = note  # records an event on the job
 
     def workload(self) -> Workload:
@@ -65,8 +65,8 @@ class Restore:
             self.metrics.adopt(warm.curves)
             return warm.workload
         # A cold restore: the workload's setup (a framework import, a model build, its memory)
-        # and the checkpoint's read can take seconds, and an RT job must not wait for them.
-        if current and self.rt_wants_gpu():
+        # and the checkpoint's read can take seconds, and an urgent job must not wait for them.
+        if current and self.urgent_takes_gpu():
             raise RestoreAbandoned("before its setup")
         work_dir = self.runtime.store.work_dir(self.job_id)
         with workload_errors():
@@ -76,7 +76,7 @@ class Restore:
             )
         if current:
             try:
-                if self.rt_wants_gpu():
+                if self.urgent_takes_gpu():
                     raise RestoreAbandoned("after its setup, before reading its checkpoint")
                 state = self._read_checkpoint(current)
             except (StorageError, RestoreAbandoned):
@@ -99,7 +99,7 @@ class Restore:
             names,
             wait_s=settings.CLOCKQ_PERSIST_WAIT_S,
             writer_of=self._writer_of,
-            abandon=self.rt_wants_gpu,
+            abandon=self.urgent_takes_gpu,
         )
         if restored.name == current:
             return restored.state

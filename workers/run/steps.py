@@ -1,7 +1,8 @@
 """The step loop: plan a slice, then step the workload until the slice is used up.
 
-A slice also ends early when the job is done, or at a step when an RT job waits or an operator
-changed something (an interrupt). Near its planned end the loop starts the boundary's read, so
+A slice also ends early when the job is done, or at a step when an urgent job takes the GPU
+(the order names this job to make way for it: workers/run/boundary.py) or an operator changed
+something (an interrupt). Near its planned end the loop starts the boundary's read, so
 the GPU does not wait for it after the last step.
 """
 
@@ -37,7 +38,7 @@ class SliceRecord:
     checkpoint_generation: int | None = None  # the one its end took, if it took one
     gpu_util: float | None = None
     cut_short: bool = False  # ended at a step by an interrupt, before its time was up
-    preempted: bool = False  # and made way for an RT job
+    preempted: bool = False  # and made way for an urgent job
     compute_end: float = 0.0  # perf_counter when its last step ended
 
 
@@ -76,7 +77,7 @@ class StepLoop:
 
     def run_slice(self, workload: Workload, record: SliceRecord) -> bool:
         """Step until the slice is used up or cut short; whether the job is done."""
-        interrupts, rank = self.runtime.interrupts, self.tiers.current.rank
+        interrupts, boundary = self.runtime.interrupts, self.boundary
         start = last = time.perf_counter()
         budget_s = record.plan.ms / 1000.0
         step_s = 0.0  # the last step's length: the next one is likely as long
@@ -105,8 +106,8 @@ class StepLoop:
                         break
                     if time.perf_counter() - start >= budget_s:
                         break
-                    # An RT job waiting, or an operator's change, ends the slice at this step.
-                    if interrupts.should_end_slice(self.job_id, rank):
+                    # An operator's change, or an urgent job that takes this GPU, ends the slice here.
+                    if interrupts.poked(self.job_id) or boundary.interrupted((last - start) * 1000):
                         record.cut_short = True
                         break
         finally:

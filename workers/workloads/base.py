@@ -15,7 +15,7 @@ class JobRefused(Exception):
 
 
 class StartAbandoned(Exception):
-    """`ready()` gave up starting because `abandon()` said so (an RT job wants the GPU): what it
+    """`ready()` gave up starting because `abandon()` said so (an urgent job takes the GPU): what it
     had started is undone, and the job goes back to its queue as it was."""
 
 

@@ -57,7 +57,7 @@ Checkpoint
     Install the ``SIGUSR1`` handler first thing, before heavy imports. clockq waits up to 2
     seconds after each start for the handler to be in place (it reads the process's caught
     signals from /proc) before it goes on; at a claim, that wait counts as the switch's cost,
-    not the slice's. If an RT job wants the GPU meanwhile, the program is killed (SIGKILL to its
+    not the slice's. If an urgent job takes the GPU meanwhile, the program is killed (SIGKILL to its
     group) and starts again from the same checkpoint later. A program killed by ``SIGUSR1``
     within its first 10 seconds, before its handler was in place, is treated as not started
     yet: the checkpoint is the one it started from (none on a fresh start) and it starts again
@@ -167,7 +167,7 @@ class CommandWorkload(Workload):
         interpreter, its imports) counts as the switch's cost. Started inside the slice, a
         program slower to start than a slice is long would be asked to checkpoint before its
         handler was in place, slice after slice, and never get anywhere while it shares a GPU.
-        An RT job (`abandon()`) does not wait for the start: the program, not started yet, is
+        An urgent job (`abandon()`) does not wait for the start: the program, not started yet, is
         killed, and starts again from the same checkpoint next time."""
         if self.proc is None and not self.finished:
             self._start(abandon)
@@ -376,7 +376,7 @@ class CommandWorkload(Workload):
         """Wait until the program has installed its SIGUSR1 handler, as the kernel shows in
         /proc/PID/status, or has exited, for at most HANDLER_WAIT_S: a SIGUSR1 sent before then
         would kill it. Bounded, so that a program that never installs one does not hold up the
-        claim; an RT job (`abandon()`) ends it at once. Where /proc cannot tell, it does not wait."""
+        claim; an urgent job (`abandon()`) ends it at once. Where /proc cannot tell, it does not wait."""
         assert self.proc is not None
         while self.program_pid is not None and time.monotonic() - self._started_at < HANDLER_WAIT_S:
             if catches_signal(self.program_pid, signal.SIGUSR1) is not False:

@@ -395,7 +395,7 @@
     tl.bars.forEach((bar) => (byTier[bar.tier] = byTier[bar.tier] || []).push(bar));
     const hover = (b) =>
       "#" + b.job + " " + b.name + "<br>" + b.tier + (b.ran_in !== b.tier ? " (ran in " + b.ran_in + ")" : "") +
-      " · " + b.outcome + (b.preempted ? ", made way for RT" : "") + "<br>" + b.ms + " ms · " + b.slices + " slice(s)";
+      " · " + b.outcome + (b.preempted ? ", preempted by RT or HP" : "") + "<br>" + b.ms + " ms · " + b.slices + " slice(s)";
     const traces = data.tiers
       .filter((t) => byTier[t.code])
       .map((t) => {
@@ -439,10 +439,10 @@
         (p) => "switch #" + p.s.from_job + " → #" + p.s.to_job + " (after " + p.s.after + ")"
       ),
       overlay(
-        "made way for RT",
+        "preempted (RT, HP)",
         tl.bars.filter((b) => b.preempted).map((b) => ({ x: b.end, y: row(b.worker), b: b })),
         { symbol: "x", size: 11, color: "#d62728", line: { width: 1, color: "#1b1f24" } },
-        (p) => "#" + p.b.job + " " + p.b.name + " preempted by a waiting RT job"
+        (p) => "#" + p.b.job + " " + p.b.name + " preempted by a waiting RT or HP job"
       ),
       overlay(
         "promoted slice",
