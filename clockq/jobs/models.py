@@ -129,6 +129,11 @@ class Job(models.Model):
         blank=True,
         help_text="Its run time when it was promoted: its service in the higher tier counts from here.",
     )
+    level_from_ms = models.BigIntegerField(
+        default=0,
+        help_text="Its run time when its service level began to count: at a batch chance (a chance to "
+        "be scheduled, whatever it has run), else 0.",
+    )
 
     slice_count = models.PositiveIntegerField(default=0)
     # The highest checkpoint generation ever named; numbers only grow, so a name is never reused.

@@ -5,12 +5,13 @@ the order (`next_for_gpu`), and a running job leaves its GPU at a slice boundary
 waiting job that the order puts before it (`displacing`). Both read the database, the one
 truth: the broker's queues hold wake-ups in tier order and say nothing of service or shares.
 
-What the order is made of, per job: its service level (its whole run time on the ladder of the
-tier it is scheduled in, `CLOCKQ_SERVICE_LADDER_S`), its tier, whether it is promoted, its
-owner's share of recent service in that tier (`UserShare`) and its id, which is its first
-submission's place (a job that yields keeps it). A promoted job keeps its service: the promotion
-moves it up among jobs of its level, it does not make it new. It goes home once its service since
-the promotion (`promoted_run_ms`) is `Ladder.promotion_service` (workers/run/tiers.py).
+What the order is made of, per job: its service level (its run time on the ladder of the tier it
+is scheduled in, `CLOCKQ_SERVICE_LADDER_S`; counted from `level_from_ms`, which a batch chance
+sets), its tier, whether it is promoted, its owner's share of recent service in that tier
+(`UserShare`) and its id, which is its first submission's place (a job that yields keeps it). A
+promoted job keeps its service: the promotion moves it up among the jobs of its level, it does
+not make it new. It goes home once its service since the promotion (`promoted_run_ms`) is
+`Ladder.promotion_service` (workers/run/tiers.py).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Waiting:
 class Running:
     standing: ordering.Standing
     switch_cost_s: float
-    run_ms: int  # its service, as written at its last boundary
+    level_ms: int  # its service as its level counts it, as written at its last boundary
     worker: str = ""  # the worker (its GPU) that runs it
 
 
@@ -79,8 +80,8 @@ def running() -> list[Running]:
     with connection.cursor() as cursor:
         cursor.execute(_running_sql(connection.vendor, ladder()), [str(JobState.RUNNING)])
         return [
-            Running(_standing(job_id, rank, level, promoted, share), (cost_ms or 0.0) / 1000, int(run_ms), worker)
-            for job_id, rank, level, promoted, share, cost_ms, run_ms, worker in cursor.fetchall()
+            Running(_standing(job_id, rank, level, promoted, share), (cost_ms or 0.0) / 1000, int(served), worker)
+            for job_id, rank, level, promoted, share, cost_ms, served, worker in cursor.fetchall()
         ]
 
 
@@ -105,6 +106,14 @@ def next_for_gpu(total_gpus: int) -> Waiting | None:
     return waiting[best] if best is not None else None
 
 
+@dataclass(frozen=True)
+class MakeWay:
+    """What the order says at a running job's boundary."""
+
+    mine: Waiting | None  # the waiting job this job leaves its GPU to now, or None: go on
+    victim_id: int | None  # the running job that makes way for the first waiting job, if any
+
+
 def displacing(
     job_id: int,
     *,
@@ -114,7 +123,21 @@ def displacing(
     slice_s: float = 0.0,
 ) -> Waiting | None:
     """The waiting job that running job `job_id` should leave its GPU to now, or None
-    (`ordering.makes_way_for`). None too if the job is not running.
+    (`ordering.makes_way_for`). None too if the job is not running. See `make_way`."""
+    return make_way(job_id, freed=freed, serving_ms=serving_ms, held_s=held_s, slice_s=slice_s).mine
+
+
+def make_way(
+    job_id: int,
+    *,
+    freed: Collection[str] = (),
+    serving_ms: float = 0.0,
+    held_s: float | None = None,
+    slice_s: float = 0.0,
+    passed_over: Collection[int] = (),
+) -> MakeWay:
+    """The order at running job `job_id`'s boundary (`ordering.victim_for`): whether it leaves
+    its GPU now, and which running job makes way for the first waiting job.
 
     - `serving_ms` is the service of the slice it is ending, which its row does not count yet:
       it is judged at the level it has once the slice is written.
@@ -125,32 +148,39 @@ def displacing(
       has held its GPU since its claim, and `slice_s` its planned slice. It leaves when
       `ordering.leaves_at` says: at once for a tier that interrupts, otherwise only once it has
       had a planned slice. A slice that ends on time has had one.
+    - `passed_over`: running jobs that were named to make way for an urgent job and did not (a
+      worker that died or hangs in a long step): they are left out, as if their GPUs were not
+      in the pool, so that the next victim is named.
     """
-    now_running = running()
+    now_running = [r for r in running() if r.standing.job_id not in passed_over or r.standing.job_id == job_id]
     me = next((i for i, r in enumerate(now_running) if r.standing.job_id == job_id), None)
     if me is None:
-        return None
+        return MakeWay(None, None)
     mine = now_running[me]
-    level = ladder().level(mine.standing.rank, (mine.run_ms + serving_ms) / 1000)
+    level = ladder().level(mine.standing.rank, (mine.level_ms + serving_ms) / 1000)
     now_running[me] = dataclasses.replace(mine, standing=dataclasses.replace(mine.standing, level=level))
     free = len(set(freed) - {r.worker for r in now_running})
     waiting = heads()
-    best = ordering.makes_way_for(
+    found = ordering.victim_for(
         me,
         [r.standing for r in now_running],
         [r.switch_cost_s for r in now_running],
         [w.standing if w else None for w in waiting],
         total_gpus=sum(r.standing.gpus for r in now_running) + free,
     )
-    if best is None:
-        return None
+    if found is None:
+        return MakeWay(None, None)
+    best, victim = found
     chosen = waiting[best]
     assert chosen is not None
+    victim_id = now_running[victim].standing.job_id
+    if victim != me:
+        return MakeWay(None, victim_id)
     if held_s is not None:
         interrupt = ordering.interrupts(chosen.standing.rank)
         if ordering.leaves_at(now=held_s, got_gpus_at=0.0, slice_s=slice_s, interrupt=interrupt) > held_s:
-            return None
-    return chosen
+            return MakeWay(None, victim_id)
+    return MakeWay(chosen, victim_id)
 
 
 def describe(w: Waiting) -> str:
@@ -189,13 +219,18 @@ def _standing(job_id: int, rank: int, level: int, promoted: int, share: float) -
 # --- SQL, once per shape (vendor and ladder) -------------------------------------------------------
 
 
+def _level_ms_sql() -> str:
+    """A job's service as its level counts it: its run time, since a batch chance if it had one."""
+    return f"(j.{column(Job, 'run_ms')} - j.{column(Job, 'level_from_ms')})"
+
+
 def _level_sql(ladder: ordering.Ladder) -> str:
-    """A job's service level: its whole service against the rungs of the tier it is scheduled
-    in (`Ladder.level`)."""
-    run_ms, rank = f"j.{column(Job, 'run_ms')}", f"t.{column(QueueTier, 'rank')}"
+    """A job's service level: its service (`_level_ms_sql`) against the rungs of the tier it is
+    scheduled in (`Ladder.level`)."""
+    served, rank = _level_ms_sql(), f"t.{column(QueueTier, 'rank')}"
     by_rank = []
     for r in range(ladder.tiers):
-        steps = " ".join(f"WHEN {run_ms} < {rung * 1000!r} THEN {i}" for i, rung in enumerate(ladder.rungs(r)))
+        steps = " ".join(f"WHEN {served} < {rung * 1000!r} THEN {i}" for i, rung in enumerate(ladder.rungs(r)))
         by_rank.append(f"WHEN {r} THEN CASE {steps} ELSE {len(ladder.rungs(r))} END")
     return f"CASE {rank} {' '.join(by_rank)} ELSE 0 END"
 
@@ -243,6 +278,6 @@ def _running_sql(_vendor: str, ladder: ordering.Ladder) -> str:
     share = f"COALESCE(s.{column(UserShare, 'weighted_gpu_s')}, 0)"
     return (
         f"SELECT j.{column(Job, 'id')}, t.{column(QueueTier, 'rank')}, {_level_sql(ladder)}, {_promoted_sql()}, "
-        f"{share}, j.{column(Job, 'switch_cost_ms')}, j.{column(Job, 'run_ms')}, j.{column(Job, 'worker')} "
+        f"{share}, j.{column(Job, 'switch_cost_ms')}, {_level_ms_sql()}, j.{column(Job, 'worker')} "
         f"{_from_sql()}"
     )

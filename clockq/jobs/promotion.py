@@ -161,8 +161,15 @@ def _apply(
             reason=p.reason,
             actor=actor,
             # It keeps its wait: enqueued_at is when it entered the queue, not when it moved up.
-            # Its service in the higher tier counts from here (clockq/jobs/order.py).
-            updates={"tier": to, "skipped_rounds": 0, "enqueued_at": enqueued_at, "promoted_run_ms": F("run_ms")},
+            # Its service in the higher tier counts from here, and so does its level at a batch
+            # chance (clockq/jobs/order.py, `Promotion.fresh_level`).
+            updates={
+                "tier": to,
+                "skipped_rounds": 0,
+                "enqueued_at": enqueued_at,
+                "promoted_run_ms": F("run_ms"),
+                "level_from_ms": F("run_ms") if p.fresh_level else 0,
+            },
             queue_name=to.queue_name,
         )
         if changed is not None:

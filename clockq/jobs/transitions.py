@@ -72,6 +72,7 @@ def transition(
         # A promoted job that leaves for any other state (held, cancelled, timed out, done) is
         # back in its own tier: a release or requeue must not carry the promotion along.
         fields.setdefault("tier_id", F("original_tier_id"))
+        fields.setdefault("level_from_ms", 0)
     if to == JobState.QUEUED:
         now = timezone.now()
         fields.setdefault("enqueued_at", now)

@@ -271,22 +271,20 @@ def share_weight(at_s: float, half_life_s: float = FAIR_SHARE_HALF_LIFE_S) -> fl
     return 2.0 ** (at_s / half_life_s)
 
 
-def makes_way_for(
+def victim_for(
     me: int,
     running: Sequence[Standing],
     switch_cost_s: Sequence[float],
     heads: Sequence[Standing | None],
     *,
     total_gpus: int,
-) -> int | None:
-    """At a live slice boundary of `running[me]`: the index into `heads` of the waiting job it
-    leaves its GPU to, or None to go on. The job a free GPU would take (`pick_next`, with this
-    GPU free) takes it if this job is the victim `pick_victim` chooses for it among all running
-    jobs: every GPU asks at its own boundary, and only the chosen one makes way, as the
-    simulator chooses one victim. Another GPU's victim that is not at its boundary yet leaves
-    at its own, which is at most one planned slice away (`leaves_at`). Nobody makes way while
-    a GPU is free (`total_gpus` more than the running jobs hold): the waiting job takes that
-    one, as when a victim has just left and its GPU is claiming."""
+) -> tuple[int, int] | None:
+    """As `running[me]` sees it at its boundary: the waiting job that should have a GPU now and
+    the running job that makes way for it, as (index into `heads`, index into `running`), or
+    None. The job a free GPU would take (`pick_next`, with this GPU free) takes the GPU of the
+    victim `pick_victim` chooses for it among all running jobs. Nobody makes way while a GPU is
+    free (`total_gpus` more than the running jobs hold): the waiting job takes that one, as when
+    a victim has just left and its GPU is claiming."""
     if total_gpus > sum(r.gpus for r in running):
         return None
     mine = running[me]
@@ -300,4 +298,21 @@ def makes_way_for(
     by_cost = interrupts(waiting.rank)
     walk = sorted(range(len(running)), key=lambda i: victim_key(running[i], switch_cost_s[i], by_cost=by_cost))
     victim = pick_victim(waiting, (running[i] for i in walk), held_by_lower=held, total_gpus=total_gpus)
-    return best if victim is not None and walk[victim] == me else None
+    return None if victim is None else (best, walk[victim])
+
+
+def makes_way_for(
+    me: int,
+    running: Sequence[Standing],
+    switch_cost_s: Sequence[float],
+    heads: Sequence[Standing | None],
+    *,
+    total_gpus: int,
+) -> int | None:
+    """At a live slice boundary of `running[me]`: the index into `heads` of the waiting job it
+    leaves its GPU to, or None to go on: only if it is the victim `victim_for` names. Every GPU
+    asks at its own boundary, and only the chosen one makes way, as the simulator chooses one
+    victim. Another GPU's victim that is not at its boundary yet leaves at its own, which is at
+    most one planned slice away (`leaves_at`)."""
+    found = victim_for(me, running, switch_cost_s, heads, total_gpus=total_gpus)
+    return found[0] if found is not None and found[1] == me else None

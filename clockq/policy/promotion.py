@@ -16,7 +16,8 @@ the same code.
   (`ordering.Ladder.promotion_service`), then returns to its own tier. Starting a slice, or leaving the
   queue (held, cancelled), restarts the streak.
 - A **batch chance** lifts the oldest waiting jobs of a tier to a more urgent tier, as a
-  promotion, on a timer, whatever the rounds say.
+  promotion, on a timer, whatever the rounds say; its level there counts from the lift
+  (`Promotion.fresh_level`), so that it is scheduled, however long it has run.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class Promotion:
     from_tier: str
     to_tier: str
     reason: str
+    # Whether its service level counts from now (`ordering.Ladder`): a batch chance is a chance
+    # to be scheduled, whatever service the job has had; a promotion keeps the job's service,
+    # and moves it up among the jobs of its level (clockq/policy/ordering.py says why).
+    fresh_level: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,7 @@ def decide_round(
                     job.tier,
                     rule.promote_to,
                     f"promoted {job.tier} -> {rule.promote_to}: skipped in {count} "
-                    f"consecutive rounds while {facts.slices_started} slice(s) went to other jobs in the last",
+                    f"consecutive rounds while {facts.slices_started} slice(s) went to other jobs in the last round",
                 )
             )
         else:
@@ -113,7 +118,9 @@ def batch_chance(
         return []
     chosen = [j for j in waiting_oldest_first if j.tier == tier and j.home_tier == tier][:jobs]
     return [
-        Promotion(j.id, tier, to_tier, f"batch chance: lifted to {to_tier}, the oldest waiting {tier} job")
+        Promotion(
+            j.id, tier, to_tier, f"batch chance: lifted to {to_tier}, the oldest waiting {tier} job", fresh_level=True
+        )
         for j in chosen
     ]
 

@@ -72,10 +72,11 @@ class ClockqReplay(Replay):
     # --- what the order knows of a job ---------------------------------------------------------
 
     def _service(self, job: SimJob) -> float:
-        """Service that sets its level: all of it, promoted or not. Plus a micro-GPU-second: a
-        job whose boundary was planned at a rung can reach it 1e-12 short (float sums), and
-        would plan the same boundary again at the same time."""
-        return job.attained + _SERVICE_EPS
+        """Service that sets its level: all of it, promoted or not, but since a batch chance
+        while it lasts. Plus a micro-GPU-second: a job whose boundary was planned at a rung can
+        reach it 1e-12 short (float sums), and would plan the same boundary again at the same
+        time."""
+        return job.attained - job.level_from + _SERVICE_EPS
 
     def _promoted_service(self, job: SimJob) -> float:
         """Service since its promotion: what ends the promotion (`Ladder.promotion_service`)."""
@@ -238,7 +239,7 @@ class ClockqReplay(Replay):
             self.leave_gpus(job, cost_s=job.switch_s)
             return
         if job.rank != job.home_rank and self._promoted_service(job) >= self.ladder.promotion_service(job.rank) - EPS:
-            job.rank = job.home_rank  # a fair amount of service had: home
+            job.rank, job.level_from = job.home_rank, 0.0  # a fair amount of service had: home
         self._plan(job)
         self._as_victim(job)
         self.dispatch()
@@ -383,7 +384,7 @@ class ClockqReplay(Replay):
         for idx, count in decisions.skips.items():
             self.jobs[idx].skipped_rounds = count
         for p in decisions.promotions:
-            self._promote(self.jobs[p.job_id], p.to_tier)
+            self._promote(self.jobs[p.job_id], p)
         return True
 
     def _batch_chance(self) -> bool:
@@ -397,15 +398,17 @@ class ClockqReplay(Replay):
                 for job in oldest[: tier.chance_jobs]
             ]
             for p in promotion.batch_chance(waiting, tier=tier.code, jobs=tier.chance_jobs, to_tier=tier.chance_to):
-                self._promote(self.jobs[p.job_id], p.to_tier)
+                self._promote(self.jobs[p.job_id], p)
         return more
 
-    def _promote(self, job: SimJob, to_tier: str) -> None:
-        """It keeps its wait, its first submit time and its service, and waits in the more
-        urgent queue at the level its service gives it there."""
+    def _promote(self, job: SimJob, p: promotion.Promotion) -> None:
+        """It keeps its wait and its first submit time, and waits in the more urgent queue at
+        the level its service gives it there: all of it, or since now for a batch chance
+        (`Promotion.fresh_level`)."""
         self.waiting_n[job.rank] -= 1
-        job.rank = self.tier_by_code[to_tier].rank
+        job.rank = self.tier_by_code[p.to_tier].rank
         job.promoted_at = job.attained
+        job.level_from = job.attained if p.fresh_level else 0.0
         job.qseq += 1
         job.skipped_rounds = 0
         job.promotions += 1

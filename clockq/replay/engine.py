@@ -61,6 +61,7 @@ class SimJob:
         "last_exec_s",
         "level",
         "level_base",
+        "level_from",
         "mode",
         "preemptions",
         "promoted_at",
@@ -108,6 +109,7 @@ class SimJob:
         self.attained = 0.0  # GPU-seconds of service (LAS)
         self.level_base = 0.0  # attained service when it last (re)entered level 0 (LAS starvation)
         self.promoted_at = 0.0  # attained service when it was last promoted (clockq)
+        self.level_from = 0.0  # attained service its level counts from (clockq: a batch chance)
         self.last_exec_s = 0.0  # length of its last run (LAS starvation knob)
 
 

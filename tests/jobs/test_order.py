@@ -86,6 +86,16 @@ def test_a_promoted_job_keeps_its_service_and_goes_behind_that_tiers_own_jobs_of
     assert sp.pk == Job.objects.get(pk=promoted.pk).original_tier_id
 
 
+def test_a_batch_chance_counts_the_jobs_level_from_the_lift(alice):
+    bp, sp = QueueTier.objects.get(code="BP"), QueueTier.objects.get(code="SP")
+    long_served = rungs(BP)[-1] + 5
+    lifted = queued(alice, "BP", run_s=long_served, tier=sp, promoted_run_ms=int(long_served * 1000))
+    assert order.heads()[SP].standing.level == order.ladder().level(SP, long_served)  # a promotion
+    Job.objects.filter(pk=lifted.pk).update(level_from_ms=int(long_served * 1000))  # a batch chance
+    assert (order.heads()[SP].standing.level, order.heads()[SP].standing.promoted) == (0, True)
+    assert bp.pk == Job.objects.get(pk=lifted.pk).original_tier_id
+
+
 def test_a_free_gpu_takes_the_first_job_in_the_order(alice):
     queued(alice, "BK")
     hp = queued(alice, "HP")

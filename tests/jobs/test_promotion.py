@@ -63,6 +63,7 @@ def test_an_sp_job_skipped_three_rounds_is_promoted_to_hp_for_one_slice(alice):
     assert job.dispatch_token != old_token  # its SP message is stale now
     assert job.enqueued_at == since  # it keeps its wait
     assert job.skipped_rounds == 0
+    assert job.level_from_ms == 0  # its level counts all its service
     assert job.events.last().reason.startswith("promoted SP -> HP: skipped in 3 consecutive rounds")
 
 
@@ -113,11 +114,12 @@ def test_batch_chance_lifts_the_oldest_waiting_bp_job_through_sp(alice):
     newer, older, oldest = (submit(alice, "BP", name) for name in ("newer", "older", "oldest"))
     now = timezone.now()
     for job, age in ((newer, 1), (older, 2), (oldest, 3)):
-        Job.objects.filter(pk=job.pk).update(enqueued_at=now - timedelta(hours=age))
+        Job.objects.filter(pk=job.pk).update(enqueued_at=now - timedelta(hours=age), run_ms=age * 1000)
 
     assert give_batch_chance("BP") == 1
     lifted = Job.objects.get(pk=oldest.pk)
     assert (lifted.tier.code, lifted.original_tier.code) == ("SP", "BP")
+    assert lifted.level_from_ms == lifted.run_ms == 3000  # a chance to be scheduled: its level counts from here
     assert lifted.events.last().reason.startswith("batch chance: lifted to SP")
     assert give_batch_chance("BP") == 1  # the next one; the lifted one is no longer waiting in BP
     assert Job.objects.get(pk=older.pk).tier.code == "SP"
@@ -155,8 +157,9 @@ def test_a_promoted_job_that_leaves_the_queue_without_its_slice_goes_home(alice,
     from clockq.jobs.services import cancel_job, hold_job, release_job, requeue_job
 
     job = promote_job(submit(alice, "SP", "leaves"), actor="carol")
+    Job.objects.filter(pk=job.pk).update(level_from_ms=500)  # as after a batch chance
     held = hold_job(job, actor="carol")
-    assert (held.state, held.tier.code) == ("held", "SP")
+    assert (held.state, held.tier.code, held.level_from_ms) == ("held", "SP", 0)
     assert release_job(held, actor="carol").tier.code == "SP"
 
     job = promote_job(Job.objects.get(pk=job.pk), actor="carol")

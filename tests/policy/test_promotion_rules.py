@@ -64,6 +64,8 @@ def test_round(case, facts, waiting, skips, promoted):
     for p in decisions.promotions:
         assert (p.from_tier, p.to_tier) == ("SP", "HP")
         assert "3 consecutive rounds" in p.reason or "8 consecutive rounds" in p.reason
+        assert p.reason.endswith("in the last round")
+        assert not p.fresh_level  # a promotion keeps the job's service
 
 
 def test_only_consecutive_rounds_count():
@@ -100,6 +102,7 @@ def test_batch_chance(jobs, to, waiting, chosen):
     picked = batch_chance(waiting, tier="BP", jobs=jobs, to_tier=to)
     assert [p.job_id for p in picked] == chosen
     assert all(p.to_tier == to and p.reason.startswith("batch chance") for p in picked)
+    assert all(p.fresh_level for p in picked)  # a chance to be scheduled, whatever it has run
 
 
 DEFAULT_LINKS = {

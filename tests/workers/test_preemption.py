@@ -4,8 +4,13 @@ on with its slice. An operator's cancel takes effect within one step too."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+
 import pytest
 
+from clockq.bus.client import client
 from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
 from clockq.jobs.services import cancel_job
 from clockq.policy.slicing import PREEMPTED
@@ -62,6 +67,38 @@ def test_rt_takes_the_gpu_of_the_cheaper_switch_within_a_step(start_workers, ali
     assert Job.objects.get(pk=dear.pk).state == "running"
     for job in (cheap, dear):
         cancel_job(Job.objects.get(pk=job.pk), actor="alice")
+
+
+def test_a_victim_whose_worker_hangs_is_passed_over_and_the_next_one_makes_way(
+    start_workers, alice, sp_slices_of_a_minute
+):
+    start_workers(gpus=2, **LONG_SLICES)
+    cheap = submit(alice, "SP", "cheap", **ENDLESS)
+    Job.objects.filter(pk=cheap.pk).update(switch_cost_ms=3.0)
+    dear = submit(alice, "SP", "dear", **ENDLESS)
+    Job.objects.filter(pk=dear.pk).update(switch_cost_ms=60.0)
+    _running(cheap, dear)
+    # The cheap job's worker hangs (as a dead one would, its job stays running until the reaper
+    # takes it back): the order names it to make way, and it never does
+    group = _process_group_of(Job.objects.get(pk=cheap.pk).worker)
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        hp = submit(alice, "HP", "fine-tune", steps=2, step_ms=5)
+        (hp,) = wait_finished(hp, timeout=30)
+        # The other GPU looked again, passed the hung job over, and made way itself
+        assert hp.state == "succeeded"
+        made_way = JobEvent.objects.filter(job__in=[cheap, dear], reason__startswith=_preempted_for(hp))
+        assert [e.job_id for e in made_way] == [dear.pk]
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    # Woken, the hung job's worker finds the urgent job gone, and goes on
+    _running(cheap)
+    assert not JobEvent.objects.filter(job=cheap, reason__startswith=_preempted_for(hp)).exists()
+
+
+def _process_group_of(hostname: str) -> int:
+    """The process group of the GPU worker `hostname`, from its heartbeat."""
+    return os.getpgid(json.loads(client().get(f"clockq:worker:{hostname}"))["pid"])
 
 
 def test_an_hp_job_interrupts_a_lower_tiers_slice_at_a_step(start_workers, alice, sp_slices_of_a_minute):

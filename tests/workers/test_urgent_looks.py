@@ -58,14 +58,14 @@ def test_a_gpu_that_left_its_job_and_took_nothing_stops_counting_as_free(alice, 
 def test_a_database_fault_during_a_look_is_not_the_jobs_failure(alice, long_sp_slices, monkeypatch):
     busy = submit(alice, "SP", "busy", steps=40, step_ms=2)  # done well before its slice's end
     here = _runtime()
-    displacing = order.displacing
+    make_way = order.make_way
 
     def faulty(*args, **kwargs):
         if kwargs.get("held_s") is not None:  # a look's read, during the slice
             raise OperationalError("the database went away for a moment")
-        return displacing(*args, **kwargs)
+        return make_way(*args, **kwargs)
 
-    monkeypatch.setattr(order, "displacing", faulty)
+    monkeypatch.setattr(order, "make_way", faulty)
 
     with after_the_restore(lambda: (submit(alice, "RT", "inference", steps=1), here.interrupts.heard_urgent(0))):
         outcome = run_dispatch(busy.pk, busy.dispatch_token, here)

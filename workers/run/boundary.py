@@ -41,6 +41,12 @@ from workers.runtime import Runtime
 
 log = logging.getLogger("clockq.slices")
 
+# A job named to make way for an urgent job leaves at its next step, a few to a few hundred ms
+# away. One that has not after this long is passed over (`SliceBoundary._look`): an RT job's
+# start timeout is 1 s, and a dead worker's job stays running until the reaper takes it back.
+UNRESPONSIVE_S = 0.25
+MAX_PASSED_OVER = 2
+
 
 @dataclass(frozen=True)
 class BoundaryRead:
@@ -80,6 +86,10 @@ class SliceBoundary:
         self.run_ms = float(job.run_ms)  # its service, this claim's slices included
         self.looked: BoundaryRead | None = None  # an urgent job's look that named a job to make way for
         self.relook_at: float | None = None  # (monotonic) when to look once more (`_look`)
+        # Another GPU's job that a look named to make way, and when (monotonic); the jobs that
+        # were named and did not make way in time, passed over since (`_look`).
+        self.awaited: tuple[int, float] | None = None
+        self.passed_over: set[int] = set()
 
     def new_slice(self, planned_ms: float) -> None:
         """A read made for an earlier slice is not this one's."""
@@ -152,38 +162,82 @@ class SliceBoundary:
         """An urgent job was announced: is this the GPU it takes? The cheap first look is the
         broker's: if no message of a tier that interrupts is there any more, a free GPU took it
         (or it was answered already), and that costs one round trip to Redis. Otherwise the order
-        decides, as at any boundary (`order.displacing`).
+        decides, as at any boundary (`order.make_way`).
 
         Every busy GPU that the announced job could displace looks once per announcement: one
         round trip to Redis and, while an urgent message waits, the order's two statements (the
         queue heads and the running jobs, which is what each of their next boundaries reads
-        anyway); the one that makes way reads its row too. A look that went on while a GPU
-        counted as free (clockq/bus/free_gpus.py) is made once more when that GPU no longer
-        counts, so that a worker that died just after it left a job holds an urgent job back by
-        at most FREE_S: so at most two looks per GPU and announcement."""
+        anyway); the one that makes way reads its row too. A GPU looks once more, at most twice
+        per announcement:
+
+        - when the look went on while a GPU counted as free (clockq/bus/free_gpus.py), once that
+          GPU no longer counts, so that a worker that died just after it left a job holds an
+          urgent job back by at most FREE_S;
+        - when the look named another GPU's job to make way, UNRESPONSIVE_S later: if the urgent
+          job still waits and that job is still named, its worker died or hangs in a long step
+          (a dead worker's job stays running until the reaper takes it back, 20 s later), and it
+          is passed over, so that the next victim makes way. Up to MAX_PASSED_OVER jobs are."""
         view = self._broker_view()
         if not any(n for rank, n in enumerate(view.waiting) if ordering.interrupts(rank)):
+            self.awaited, self.passed_over = None, set()
             return False
         try:
-            first = order.displacing(
-                self.job_id, freed=view.freed, serving_ms=serving_ms, held_s=self._held_s(), slice_s=self.planned_s
-            )
-            row = self._row() if first is not None else None
+            way = self._make_way(view, serving_ms)
+            if way.mine is None and self._overdue(way.victim_id):
+                self.passed_over.add(way.victim_id)  # type: ignore[arg-type]
+                log.warning(
+                    "job %s was named to make way for an urgent job and has not in %.2f s; passed over",
+                    way.victim_id,
+                    UNRESPONSIVE_S,
+                )
+                way = self._make_way(view, serving_ms)
+            row = self._row() if way.mine is not None else None
         except DatabaseError as exc:
             # Not the job's failure (this runs inside the step loop's workload errors): its
             # boundary reads the database again, and meets the fault there.
             log.warning("job %s: cannot read the order for an urgent job (%s); going on", self.job_id, exc)
             return False
-        if first is None:
-            if view.freed and not relook:
+        if way.mine is None:
+            self._await(way.victim_id)
+            if self.relook_at is None and view.freed and not relook:
                 self.relook_at = time.monotonic() + free_gpus.FREE_S
             return False
-        self.looked = BoundaryRead(view.waiting, row, order.describe(first))
+        self.looked = BoundaryRead(view.waiting, row, order.describe(way.mine))
         return True
+
+    def _make_way(self, view: BrokerView, serving_ms: float) -> order.MakeWay:
+        return order.make_way(
+            self.job_id,
+            freed=view.freed,
+            serving_ms=serving_ms,
+            held_s=self._held_s(),
+            slice_s=self.planned_s,
+            passed_over=self.passed_over,
+        )
+
+    def _await(self, victim_id: int | None) -> None:
+        """Another GPU's job was named to make way: look again if it has not in UNRESPONSIVE_S."""
+        if victim_id is None or victim_id == self.job_id or len(self.passed_over) >= MAX_PASSED_OVER:
+            self.awaited = None
+            return
+        if self.awaited is None or self.awaited[0] != victim_id:
+            self.awaited = (victim_id, time.monotonic())
+        self.relook_at = self.awaited[1] + UNRESPONSIVE_S
+
+    def _overdue(self, victim_id: int | None) -> bool:
+        """Whether `victim_id` was named before and has had UNRESPONSIVE_S to make way."""
+        awaited = self.awaited
+        return (
+            victim_id is not None
+            and awaited is not None
+            and awaited[0] == victim_id
+            and time.monotonic() >= awaited[1] + UNRESPONSIVE_S
+            and len(self.passed_over) < MAX_PASSED_OVER
+        )
 
     def _standing(self, serving_ms: float) -> ordering.Standing:
         """This job as the order sees it now, its service in this slice so far included."""
-        served = (self.tiers.served_ms if self.tiers.promoted else self.run_ms) + serving_ms
+        served = self.run_ms - self.tiers.level_from_ms + serving_ms  # since a batch chance, else all
         rank = self.tiers.current.rank
         return ordering.Standing(
             rank=rank,

@@ -44,6 +44,7 @@ class ClaimedJob:
     progress: float
     run_ms: int  # its service so far
     promoted_run_ms: int | None  # its service when it was promoted (None if it never was)
+    level_from_ms: int  # its service when its level began to count (a batch chance), else 0
     checkpoint_generation: int  # the highest ever named
     checkpoint_files: list[str]  # what to restore from, newest first
     checkpoint_bytes: int
@@ -62,6 +63,7 @@ class ClaimedJob:
         "progress",
         "run_ms",
         "promoted_run_ms",
+        "level_from_ms",
         "checkpoint_generation",
         "checkpoint_files",
         "checkpoint_bytes",

@@ -130,6 +130,7 @@ class SliceWrites:
         if self.tiers.returning_from is not None:
             fields["tier_id"] = self.tiers.home.id
             fields["promoted_run_ms"] = None
+            fields["level_from_ms"] = 0
         return fields
 
     def _count_service(self, record: SliceRecord) -> None:

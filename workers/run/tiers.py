@@ -20,11 +20,17 @@ class RunTiers:
     home: TierInfo  # its own: its slices count in it
     returning_from: TierInfo | None = None  # set until the return is written
     served_ms: float = 0.0  # its service in `current` since its promotion (while promoted)
+    level_from_ms: float = 0.0  # its service when its level began to count (a batch chance), else 0
 
     @classmethod
     def of(cls, job: ClaimedJob, tiers: TierCache) -> RunTiers:
         served = job.run_ms - (job.promoted_run_ms if job.promoted_run_ms is not None else job.run_ms)
-        return cls(current=tiers.get(job.tier_id), home=tiers.get(job.original_tier_id), served_ms=max(served, 0))
+        return cls(
+            current=tiers.get(job.tier_id),
+            home=tiers.get(job.original_tier_id),
+            served_ms=max(served, 0),
+            level_from_ms=job.level_from_ms,
+        )
 
     @property
     def promoted(self) -> bool:
@@ -39,6 +45,7 @@ class RunTiers:
             self.return_home()
 
     def return_home(self) -> None:
-        """A promoted job belongs to its own tier again."""
+        """A promoted job belongs to its own tier again, its level counting all its service."""
         if self.promoted:
             self.returning_from, self.current = self.current, self.home
+            self.level_from_ms = 0.0
