@@ -83,3 +83,26 @@ def test_the_job_furthest_back_in_the_order_makes_way(start_workers, alice):
     made_way = JobEvent.objects.filter(reason__contains=f"made way for job #{hp.pk} ").values_list("job_id", flat=True)
     assert list(made_way) == [bk.pk]
     assert all(j.state == "succeeded" for j in wait_finished(sp, bk))
+
+
+def test_under_saturation_the_best_effort_tiers_get_their_bounded_share(start_workers, alice, settings):
+    # Ten GPUs (a tenth of them is one GPU: the best-effort tiers' share), busy with HP work that
+    # ends one GPU at a time; the default ladder, so that no job passes a rung and only the tier
+    # and the share order them.
+    settings.CLOCKQ_SERVICE_LADDER_S = list(BASE_LADDER_GPU_S)
+    start_workers(gpus=10)
+    busy = [submit(alice, "HP", f"busy-{i}", steps=40 * (i + 1), step_ms=25) for i in range(10)]
+    wait_for(lambda: Job.objects.filter(pk__in=[j.pk for j in busy], state="running").count() == 10, 60,
+             what="ten HP jobs on the ten GPUs")  # fmt: skip
+    # Then two BK jobs, and after them more HP work than there are GPUs to come free
+    bk = [submit(alice, "BK", f"bk-{i}", steps=400, step_ms=25) for i in range(2)]
+    more_hp = [submit(alice, "HP", f"more-hp-{i}", steps=2, step_ms=5) for i in range(5)]
+
+    done = wait_finished(*bk, *more_hp, timeout=120)
+    bk, more_hp = done[:2], done[2:]
+
+    # The first GPU to come free goes to a BK job, though HP work waits (plain priority would
+    # give every freed GPU to HP); the next ones to HP, since BP and BK then hold their share.
+    first_bk, second_bk = sorted(bk, key=lambda j: j.first_started_at)
+    assert all(first_bk.first_started_at < j.first_started_at for j in more_hp)
+    assert all(j.first_started_at < second_bk.first_started_at for j in more_hp)
