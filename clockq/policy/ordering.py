@@ -132,9 +132,10 @@ class Standing:
 Key = tuple[int, int, bool, float, float, int]
 
 
-def order_key(s: Standing) -> Key:
-    """Sort key: smaller goes first."""
-    return (s.level, s.rank, s.promoted, s.user_share_gpu_s, s.submitted, s.job_id)
+def order_key(s: Standing, *, share: float | None = None) -> Key:
+    """Sort key: smaller goes first. `share`, if given, stands for the standing's user share:
+    the share changes while a job waits (its user's other jobs run), the rest does not."""
+    return (s.level, s.rank, s.promoted, s.user_share_gpu_s if share is None else share, s.submitted, s.job_id)
 
 
 def job_class(s: Standing) -> tuple[int, int, bool]:

@@ -1,10 +1,10 @@
 """clockq's policy, replayed: every decision comes from clockq/policy. This module only keeps
 the structures that make those decisions fast on 100,000 jobs.
 
-- **Order** (`ordering`). One heap per queue (a tier, as Celery has one queue per tier), keyed
-  by `ordering.order_key`: service level, tier, promoted or not, the user's recent share, first
-  submit time. A free GPU takes the head that `ordering.pick_next` names, which gives the
-  best-effort tiers their bounded share.
+- **Order** (`ordering`). One queue per tier, as Celery has (clockq/replay/tier_queue.py), in
+  `ordering.order_key` order: service level, tier, promoted or not, the user's recent share as it
+  is now, first submit time. A free GPU takes the head that `ordering.pick_next` names, which
+  gives the best-effort tiers their bounded share.
 - **Running.** A job runs until it finishes, crosses a rung of its tier's service ladder (its
   level drops: an event here, a boundary live), or is displaced. Nothing takes turns: the order
   changes only at rungs, arrivals and promotions, so there is no quantum to choose.
@@ -21,13 +21,14 @@ the structures that make those decisions fast on 100,000 jobs.
 
 from __future__ import annotations
 
-import heapq
 import math
+from collections.abc import Callable
 
 from clockq.policy import control, ordering, promotion, slicing
 from clockq.replay.config import Config
 from clockq.replay.engine import EPS, Ev, Replay, SimJob, St, next_grid
 from clockq.replay.model import Trace
+from clockq.replay.tier_queue import TierQueue
 from clockq.replay.victims import Victims
 
 _PROMOTION_TICK = 1
@@ -43,8 +44,8 @@ class ClockqReplay(Replay):
         super().__init__(trace, config)
         ranks = max(self.tier_by_rank) + 1
         self.ladder = config.ladder  # its tiers are the replay's ranks (Config checks)
-        self.heaps: list[list[tuple[ordering.Key, int, int]]] = [[] for _ in range(ranks)]
-        self.waiting_n = [0] * ranks
+        self.queues = [TierQueue(self._is_queued) for _ in range(ranks)]
+        self._head_user = ""
         self.held_by_lower = 0  # GPUs held by jobs of the best-effort tiers (their share)
         self.victims = Victims(lambda idx, vseq: self.jobs[idx].vseq == vseq and self.jobs[idx].state == St.RUNNING)
         self.making_way = 0  # GPUs of jobs told to yield at their next boundary
@@ -57,7 +58,8 @@ class ClockqReplay(Replay):
         # head() is asked several times per event; it changes only with the queues (counted
         # here), the free GPUs and the best-effort tiers' holding.
         self._queue_changes = 0
-        self._head_memo: tuple[tuple[int, int, int], int, SimJob | None] | None = None
+        self._share_changes = [0] * ranks  # per tier: a user's share orders its jobs, so its head may change
+        self._head_memo: tuple[tuple[int, int, int, int], tuple[int, str], SimJob | None] | None = None
         self._backfill_found_nothing: tuple[int, int, int] | None = None
         self._ahead_memo: dict[int, tuple[int, int]] = {}  # rank -> (queue changes, GPUs ahead)
         self.tick_s = config.promotion_tick_s
@@ -103,75 +105,74 @@ class ClockqReplay(Replay):
         if gained > 0:
             key = (job.t.user, job.rank)
             self.user_share[key] = self._share(job) + gained * ordering.share_weight(self.now)
+            if self.queues[job.rank].share_matters(job.t.user):
+                self._share_changes[job.rank] += 1
 
     # --- the queues ---------------------------------------------------------------------------
 
     def enqueue(self, job: SimJob) -> None:
-        # Kept while it waits: nothing the order compares between waiting and other jobs
-        # (level, tier, promoted; the share only within the heap) changes until it runs again.
+        # Kept while it waits: nothing the order compares a waiting job by (level, tier,
+        # promoted) changes until it runs again, but its user's share, which the queue reads
+        # when it names its head (clockq/replay/tier_queue.py).
         job.standing = self._standing(job)
         self._queue_changes += 1
-        heapq.heappush(self.heaps[job.rank], (ordering.order_key(job.standing), job.idx, job.qseq))
-        self.waiting_n[job.rank] += 1
+        self.queues[job.rank].push(job.idx, job.qseq, job.t.user, job.standing)
         if job.rank == job.home_rank:
             if job.rank in self.promotable:
                 self._keep_ticking(_PROMOTION_TICK, self.tick_s)
             if any(t.rank == job.rank for t in self.chance_tiers):
                 self._keep_ticking(_BATCH_CHANCE, self.chance_every_s)
 
-    def _head_of(self, rank: int) -> SimJob | None:
-        heap = self.heaps[rank]
-        while heap:
-            _, idx, seq = heap[0]
-            job = self.jobs[idx]
-            if job.qseq == seq and job.state == St.WAITING and job.rank == rank:
-                return job
-            heapq.heappop(heap)
-        return None
+    def _share_in(self, rank: int) -> Callable[[str], float]:
+        return lambda user: self.user_share.get((user, rank), 0.0)
+
+    def _is_queued(self, idx: int, qseq: int) -> bool:
+        job = self.jobs[idx]
+        return job.qseq == qseq and job.state == St.WAITING
 
     def head(self) -> SimJob | None:
-        memo_key = (self._queue_changes, self.free, self.held_by_lower)
+        memo_key = (self._queue_changes, sum(self._share_changes), self.free, self.held_by_lower)
         if self._head_memo is not None and self._head_memo[0] == memo_key:
-            self._head_rank = self._head_memo[1]
+            self._head_rank, self._head_user = self._head_memo[1]
             return self._head_memo[2]
         job = self._pick_head()
-        self._head_memo = (memo_key, self._head_rank, job)
+        self._head_memo = (memo_key, (self._head_rank, self._head_user), job)
         return job
 
     def _pick_head(self) -> SimJob | None:
-        heads = [self._head_of(rank) if self.waiting_n[rank] else None for rank in range(len(self.heaps))]
-        standings = [None if job is None else job.standing for job in heads]
+        heads = [
+            q.head(self._share_in(rank), self._share_changes[rank]) if q.count else None
+            for rank, q in enumerate(self.queues)
+        ]
+        standings = [None if h is None else h[1].standing for h in heads]
         pick = ordering.pick_next(
             standings, held_by_lower=self.held_by_lower, total_gpus=self.cfg.gpus, free_gpus=self.free
         )
         if pick is None:
             return None
-        self._head_rank = pick
-        return heads[pick]
+        user, waiting = heads[pick]  # type: ignore[misc]
+        self._head_rank, self._head_user = pick, user
+        job = self.jobs[waiting.idx]
+        job.standing = waiting.standing  # with its user's share as it is now
+        return job
 
     def gpus_ahead_of_new(self, rank: int) -> int:
         """For admission: the waiting jobs as the order sees them (`control.gpus_ahead`),
         counted again only when the queues have changed."""
         if (memo := self._ahead_memo.get(rank)) is not None and memo[0] == self._queue_changes:
             return memo[1]
-        waiting = (
-            job.standing
-            for rank_here, heap in enumerate(self.heaps)
-            for _, idx, seq in heap
-            if (job := self.jobs[idx]).qseq == seq and job.state == St.WAITING and job.rank == rank_here
-        )
+        waiting = (self.jobs[idx].standing for queue in self.queues for idx in queue.jobs())
         ahead = control.gpus_ahead(rank, waiting)
         self._ahead_memo[rank] = (self._queue_changes, ahead)
         return ahead
 
     def pop_head(self) -> SimJob:
-        _, idx, _ = heapq.heappop(self.heaps[self._head_rank])
-        self.waiting_n[self._head_rank] -= 1
+        idx = self.queues[self._head_rank].pop(self._head_user)
         self._queue_changes += 1
         return self.jobs[idx]
 
     def left_queue(self, job: SimJob) -> None:
-        self.waiting_n[job.rank] -= 1
+        self.queues[job.rank].left()
         self._queue_changes += 1
 
     # --- running ------------------------------------------------------------------------------
@@ -304,27 +305,21 @@ class ClockqReplay(Replay):
         if state == self._backfill_found_nothing:
             return
         first = head.standing
-        for rank, heap in enumerate(self.heaps):
-            kept: list[tuple[ordering.Key, int, int]] = []
-            while heap and len(kept) < BACKFILL_DEPTH and self.free > 0:
-                entry = heapq.heappop(heap)
-                job = self.jobs[entry[1]]
-                if job.qseq != entry[2] or job.state != St.WAITING or job.rank != rank:
-                    continue  # stale
-                if (
-                    job is not head
-                    and job.t.num_gpu <= self.free
-                    and ordering.may_backfill(first, job.standing, head_gathering=False)
-                ):
-                    self.waiting_n[rank] -= 1
-                    self.waiting_count -= 1
-                    self.waiting_gpus -= job.t.num_gpu
-                    self._queue_changes += 1
-                    self._start(job)
-                else:
-                    kept.append(entry)
-            for entry in kept:
-                heapq.heappush(heap, entry)
+
+        def started(idx: int) -> bool:
+            job = self.jobs[idx]
+            if job is head or self.free <= 0 or job.t.num_gpu > self.free:
+                return False
+            if not ordering.may_backfill(first, job.standing, head_gathering=False):
+                return False
+            self.waiting_count -= 1
+            self.waiting_gpus -= job.t.num_gpu
+            self._queue_changes += 1
+            self._start(job)
+            return True
+
+        for queue in self.queues:
+            queue.take_front(BACKFILL_DEPTH, started)
         if state == (self._queue_changes, self.free, self.held_by_lower):
             self._backfill_found_nothing = state
 
@@ -355,11 +350,7 @@ class ClockqReplay(Replay):
 
     def _waiting_at_home(self, rank: int) -> list[SimJob]:
         """Its waiting jobs, oldest first."""
-        jobs = [
-            self.jobs[idx]
-            for _, idx, seq in self.heaps[rank]
-            if self.jobs[idx].qseq == seq and self.jobs[idx].state == St.WAITING and self.jobs[idx].home_rank == rank
-        ]
+        jobs = [self.jobs[idx] for idx in self.queues[rank].jobs() if self.jobs[idx].home_rank == rank]
         return sorted(jobs, key=lambda j: (j.waiting_since, j.idx))
 
     def _promotion_tick(self) -> bool:
@@ -405,7 +396,7 @@ class ClockqReplay(Replay):
         """It keeps its wait and its first submit time, and waits in the more urgent queue at
         the level its service gives it there: all of it, or since now for a batch chance
         (`Promotion.fresh_level`)."""
-        self.waiting_n[job.rank] -= 1
+        self.queues[job.rank].left()
         job.rank = self.tier_by_code[p.to_tier].rank
         job.promoted_at = job.attained
         job.level_from = job.attained if p.fresh_level else 0.0

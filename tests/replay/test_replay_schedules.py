@@ -136,6 +136,18 @@ def test_a_promotion_keeps_the_jobs_service_and_makes_it_new_to_nobody():
     assert jobs["A"].finish_s == pytest.approx(5200)
 
 
+def test_a_user_with_one_job_goes_before_the_rest_of_a_busy_users_queue():
+    # One GPU. The heavy user's three jobs are queued first, the light user's one a second later;
+    # all stay on the first rung (one class). When the first heavy job ends, the heavy user has
+    # had 100 s of service and the light user none: the light job goes next, though the heavy
+    # jobs were queued before it, when their user had had no service yet.
+    heavy = [replace(job(f"H{i}", 0, 100, "BK"), user="heavy") for i in range(3)]
+    trace = Trace("users", [*heavy, replace(job("L", 1, 100, "BK"), user="light")])
+    result, jobs = run("clockq", trace)
+    assert result.start_order == ["H0", "L", "H1", "H2"]
+    assert jobs["L"].first_start_s == pytest.approx(100)
+
+
 def ordering_rank(code: str) -> int:
     return next(t.rank for t in TIERS if t.code == code)
 
@@ -264,7 +276,7 @@ def test_the_replay_orders_waiting_jobs_by_the_policys_order_key(monkeypatch):
     assert run("clockq", trace)[0].start_order == ["A", "B", "C", "D"]  # the first submitted first
     # When the policy's key puts the last submitted first
     original = ordering.order_key
-    monkeypatch.setattr(ordering, "order_key", lambda s: (*original(s)[:4], -s.submitted, s.job_id))
+    monkeypatch.setattr(ordering, "order_key", lambda s, **kw: (*original(s, **kw)[:4], -s.submitted, s.job_id))
     # Then the replay follows it: its order comes from ordering.order_key, not a rule of its own
     assert run("clockq", trace)[0].start_order == ["A", "D", "C", "B"]
 
