@@ -80,12 +80,20 @@ class OptionalBasicAuthScheme(OpenApiAuthenticationExtension):
     operation_id="jobs_list",
     summary="List the caller's jobs (every job for staff), newest first",
     parameters=[
-        OpenApiParameter("state", str, enum=[s.value for s in JobState], description="Only jobs in this state."),
+        OpenApiParameter(
+            "state",
+            {"type": "array", "items": {"type": "string", "enum": [s.value for s in JobState]}},
+            style="form",
+            explode=False,
+            description="Only jobs in this state, or in any of these (`queued,running,held`).",
+        ),
+        OpenApiParameter("tier", str, enum=list(TIER_CODES), description="Only jobs in this tier now."),
+        OpenApiParameter("owner", str, description="Only this user's jobs (a username)."),
         OpenApiParameter("page", {"type": "integer", "minimum": 1}, description="Page number, from 1."),
     ],
     responses={
         200: JobPageSerializer,
-        400: OpenApiResponse(OpenApiTypes.OBJECT, description="An unknown `state`."),
+        400: OpenApiResponse(OpenApiTypes.OBJECT, description="An unknown `state` or `tier`."),
         404: OpenApiResponse(ErrorSerializer, description="No such page."),
         **COMMON_ERRORS,
     },
@@ -112,14 +120,31 @@ def jobs(request):
         if isinstance(request.data, list):
             return _submit_batch(request)
         return _submit(request)
-    queryset = visible_jobs(request.user).order_by("-id")
-    if state := request.query_params.get("state"):
-        if state not in JobState._value2member_map_:
-            return Response({"state": [f"unknown state {state[:20]!r}"]}, status=400)
-        queryset = queryset.filter(state=state)
+    queryset, errors = _filtered(visible_jobs(request.user).order_by("-id"), request.query_params)
+    if errors:
+        return Response(errors, status=400)
     paginator = PageNumberPagination()
     page = paginator.paginate_queryset(queryset, request)
     return paginator.get_paginated_response(JobSerializer(page, many=True).data)
+
+
+def _filtered(queryset, query) -> tuple:
+    """The jobs that `?state=`, `?tier=` and `?owner=` leave, or the errors naming a bad one."""
+    errors = {}
+    if states := query.get("state"):
+        unknown = [s for s in states.split(",") if s not in JobState._value2member_map_]
+        if unknown:
+            errors["state"] = [f"unknown state {unknown[0][:20]!r}; the states are {', '.join(JobState)}"]
+        queryset = queryset.filter(state__in=states.split(","))
+    if tier := query.get("tier"):
+        if tier not in TIER_CODES:
+            errors["tier"] = [f"unknown tier {tier[:20]!r}; the tiers are {', '.join(TIER_CODES)}"]
+        queryset = queryset.filter(tier__code=tier)
+    if owner := query.get("owner"):
+        if len(owner) > 150 or "\x00" in owner:  # no username is longer; PostgreSQL refuses a NUL
+            errors["owner"] = ["not a username"]
+        queryset = queryset.filter(owner__username=owner)
+    return queryset, errors
 
 
 def _submit(request):

@@ -152,3 +152,43 @@ def test_another_users_job_cannot_be_cancelled(client, bob, as_alice, alice):
     job = submit(bob)
     assert client.post(f"/api/jobs/{job.pk}/cancel", **as_alice).status_code == 404
     assert Job.objects.get(pk=job.pk).state == "queued"
+
+
+def test_the_list_filters_by_states_tier_and_owner(client, alice, bob, carol):
+    # Given alice's SP job queued, her HP job cancelled and bob's BK job queued
+    submit(alice, "SP", name="sp")
+    cancelled = submit(alice, "HP", name="hp")
+    Job.objects.filter(pk=cancelled.pk).update(state="cancelled")
+    submit(bob, "BK", name="bk")
+    as_carol = token_auth(carol)  # staff see everyone's jobs
+
+    def names(query):
+        response = client.get(f"/api/jobs?{query}", **as_carol)
+        assert response.status_code == 200, response.content[:300]
+        return sorted(j["name"] for j in response.json()["results"])
+
+    # Then each filter, and several together, leave the jobs they name
+    assert names("state=queued") == ["bk", "sp"]
+    assert names("state=queued,cancelled") == ["bk", "hp", "sp"]
+    assert names("tier=HP") == ["hp"]
+    assert names("owner=alice") == ["hp", "sp"]
+    assert names("owner=alice&state=queued&tier=SP") == ["sp"]
+    assert names("owner=nobody") == []
+    # And a user who is not staff still sees only their own
+    mine = client.get("/api/jobs?owner=bob", **token_auth(alice)).json()
+    assert mine["count"] == 0
+
+
+@pytest.mark.parametrize(
+    ("query", "field", "message"),
+    [
+        ("state=queued,sleeping", "state", "unknown state 'sleeping'"),
+        ("tier=XX", "tier", "unknown tier 'XX'"),
+        ("owner=a%00b", "owner", "not a username"),
+        ("owner=" + "a" * 151, "owner", "not a username"),
+    ],
+)
+def test_a_bad_filter_gets_a_400_naming_it(client, as_alice, query, field, message):
+    response = client.get(f"/api/jobs?{query}", **as_alice)
+    assert response.status_code == 400
+    assert message in response.json()[field][0]
