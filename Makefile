@@ -8,10 +8,13 @@ REQUIREMENTS ?= requirements.txt
 
 .PHONY: run demo test test-all browser sandbox lint docs format bench clean
 
-$(STAMP): $(REQUIREMENTS) requirements-base.txt requirements-dev.txt
+# The last install puts the `clockq` command (pyproject.toml's [project.scripts]) in .venv/bin,
+# editable: it runs this checkout's clockq_cli/, so an edit needs no reinstall.
+$(STAMP): $(REQUIREMENTS) requirements-base.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r $(REQUIREMENTS) -r requirements-dev.txt
+	$(PY) -m pip install --quiet --editable .
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -63,7 +66,7 @@ lint: $(STAMP) docs
 	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy --ignore-missing-imports clockq workers control
+	$(VENV)/bin/mypy --ignore-missing-imports clockq workers control clockq_cli
 
 # The documentation site (mkdocs.yml, docs/) into var/site, which git ignores. Not --quiet: it
 # hides the warnings that --strict counts, and the build then passes whatever is broken.

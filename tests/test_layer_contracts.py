@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.harness import ROOT
 
-PACKAGES = ("clockq", "webapp", "workers", "control", "predictor")
+PACKAGES = ("clockq", "webapp", "workers", "control", "predictor", "clockq_cli")
 
 # contract name (its first words) -> (file to plant the import in, the import, module it is charged to)
 PLANTS = {
@@ -27,6 +27,12 @@ PLANTS = {
     "Only workloads and the predictor import TensorFlow": ("webapp/planted.py", "import tensorflow", "webapp.planted"),
     "The predictor's series code is pure": ("predictor/series.py", "import keras", "predictor.series"),
     "Only workers import NVML": ("control/planted.py", "import pynvml", "control.planted"),
+    "The CLI speaks HTTP only": ("clockq_cli/planted.py", "import clockq.policy.states", "clockq_cli.planted"),
+    "No package of the server imports the CLI": (
+        "control/planted_cli.py",
+        "import clockq_cli.config",
+        "control.planted_cli",
+    ),
 }
 
 
