@@ -19,7 +19,8 @@ PAGE_SIZE = 50  # the API's page (REST_FRAMEWORK's PAGE_SIZE)
 
 
 class Api:
-    """One server, one token. `what` names the thing a call is about ("job 7") in its errors."""
+    """One server, one token. `what` names the thing a call looks up ("job 7"): a 404 says that
+    it is not found (the API answers another user's job as it does a missing one)."""
 
     def __init__(self, login: Login, *, session: requests.Session | None = None):
         self.url = login.url
@@ -103,7 +104,7 @@ class Api:
         if status == 403:
             raise CliError(f"not allowed: {detail}", ExitCode.AUTH)
         if status == 404:
-            raise CliError(f"{what}: {detail}" if what else detail, ExitCode.NOT_FOUND)
+            raise CliError(f"{what} not found, or not yours" if what else detail, ExitCode.NOT_FOUND)
         prefix = f"{what}: " if what else ""
         raise CliError(f"{prefix}refused (HTTP {status}): {detail}", ExitCode.REFUSED, body=body)
 

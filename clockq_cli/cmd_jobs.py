@@ -77,7 +77,8 @@ def _fail_unless_all_succeeded(jobs: list[dict[str, Any]]) -> None:
     bad = [job for job in jobs if job["state"] != "succeeded"]
     if bad:
         what = ", ".join(
-            f"job {j['id']} {j['state']}" + (f" ({j['last_error'][:120]})" if j.get("last_error") else "") for j in bad
+            f"job {j['id']} {j['state']}" + (f" ({render.error_line(j['last_error'])})" if j.get("last_error") else "")
+            for j in bad
         )
         raise CliError(f"{len(bad)} of {len(jobs)} did not succeed: {what}", ExitCode.JOB_FAILED)
 
@@ -174,7 +175,7 @@ def cancel(job_ids: tuple[int, ...], as_json: bool) -> None:
                 raise  # unreachable, or the token refused: the next ones would fail the same way
             outcomes.append({"id": job_id, "cancelled": False, "error": exc.message})
             if not as_json:
-                note(f"job {job_id}: {exc.message}")
+                note(exc.message)
             worst = max(worst, ExitCode(exc.exit_code), key=_severity)
     if as_json:
         emit_json(outcomes)

@@ -18,7 +18,7 @@ from clockq_cli.output import connect, console, emit_json, json_option
 
 # What the server allows a result file to be named (clockq/jobs/results.py), checked again here:
 # a name from the server becomes a path on this machine.
-SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 CHUNK_BYTES = 1 << 20
 
 
@@ -116,7 +116,10 @@ def _download(api: Api, job_id: int, entry: dict[str, Any], target: Path) -> dic
         raise CliError(f"cannot write in {target.parent}: {exc.strerror}", ExitCode.USAGE) from None
     digest, size = hashlib.sha256(), 0
     try:
-        with os.fdopen(fd, "wb") as out, api.download(api.job_path(job_id, "result", name), what=f"job {job_id}") as r:
+        with (
+            os.fdopen(fd, "wb") as out,
+            api.download(api.job_path(job_id, "result", name), what=f"file {name} of job {job_id}") as r,
+        ):
             header = r.headers.get("X-Checksum-SHA256", "").lower()
             if header and header != expected:
                 raise CliError(f"{name}: the download's SHA-256 header is not the manifest's", ExitCode.CHECKSUM)

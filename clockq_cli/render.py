@@ -34,7 +34,8 @@ def duration(ms: float | None) -> str:
         return f"{seconds:.1f} s"
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
-    return f"{seconds // 3600:.0f} h {seconds % 3600 / 60:.0f} min"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
 
 
 def size(n: int | None) -> str:
@@ -108,8 +109,14 @@ def job_notes(job: dict[str, Any]) -> list[str]:
     """Why a job waits or how it ended, in the job's own words (admission, placement, error)."""
     notes = [job.get("admission_note"), job.get("placement_note")]
     if job.get("last_error"):
-        notes.append(f"last error: {job['last_error']}")
+        notes.append(f"last error: {error_line(job['last_error'])}")
     return [str(n) for n in notes if n]
+
+
+def error_line(error: str) -> str:
+    """A job's last error (a traceback) in one line: its last, which names the exception."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
 
 
 def job_detail(job: dict[str, Any], metrics: dict[str, Any] | None, result: dict[str, Any] | None) -> Group:
@@ -142,6 +149,8 @@ def job_detail(job: dict[str, Any], metrics: dict[str, Any] | None, result: dict
     parts += _slices(job.get("slice_history") or [])
     parts += _events(job.get("events") or [])
     parts += _metrics(metrics)
+    if job.get("last_error"):
+        parts += [Text("\nlast error", style="bold"), Text(job["last_error"].rstrip())]
     parts.append(result_table(result) if result else Text("\nno result (yet)", style="dim"))
     return Group(*parts)
 

@@ -1,0 +1,120 @@
+"""The CLI's parts that need no server: job files, the login file and where a token may go,
+the API's refusals in words, and what the `clockq` command is made of."""
+
+from __future__ import annotations
+
+import io
+import json
+import stat
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from clockq_cli import config
+from clockq_cli.client import describe_refusal
+from clockq_cli.exits import CliError, ExitCode
+from clockq_cli.jobfile import entry_labels, read_jobs
+from tests.harness import ROOT
+
+
+def jobs_from(text: str, name: str = "jobs.yaml", **kwargs):
+    return read_jobs(io.StringIO(text), name, **kwargs)
+
+
+def test_a_job_file_holds_one_job_or_a_list_in_yaml_or_json():
+    one = jobs_from("name: a\ntier: SP\nworkload: synthetic\ndeadline: 2099-01-01T10:00:00Z\n")
+    assert one == [{"name": "a", "tier": "SP", "workload": "synthetic", "deadline": "2099-01-01T10:00:00+00:00"}]
+    listed = jobs_from(json.dumps([{"name": "a"}, {"name": "b", "tier": "BK"}]), "jobs.json", tier="HP")
+    assert [j["tier"] for j in listed] == ["HP", "HP"]
+    assert entry_labels([{"name": "a"}, {}]) == {"0": "entry 0 (a)", "1": "entry 1"}
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "message"),
+    [
+        ("{not json", "jobs.json", "does not parse"),
+        ("a: [1,\n", "jobs.yaml", "at line"),
+        ("", "jobs.yaml", "is not a job"),
+        ("[]", "jobs.yaml", "lists no job"),
+        ("- {name: a}\n- 3\n", "jobs.yaml", "entry 1 of jobs.yaml is not a job"),
+    ],
+)
+def test_a_file_that_is_not_jobs_is_a_usage_error(text, name, message):
+    with pytest.raises(CliError, match=message) as refused:
+        jobs_from(text, name)
+    assert refused.value.exit_code == ExitCode.USAGE
+
+
+def test_the_apis_refusals_read_as_one_line_naming_entries_and_fields():
+    batch = {
+        "detail": "Nothing was submitted: some entries are refused.",
+        "errors": {"1": {"params": [{"message": "steps: must be between 1 and 10", "code": "invalid"}]}},
+    }
+    assert describe_refusal(batch, labels={"1": "entry 1 (b)"}) == (
+        "Nothing was submitted: some entries are refused. | entry 1 (b): params: steps: must be between 1 and 10"
+    )
+    assert describe_refusal({"name": ["must be a string"], "tier": ["x", "y"]}) == "name: must be a string | tier: x; y"
+    assert describe_refusal({}) == "no reason given"
+
+
+@pytest.fixture
+def config_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    return tmp_path / "clockq"
+
+
+def test_the_environment_overrides_the_login_file_and_the_files_token_stays_with_its_url(config_home):
+    config.save(config.Login("https://clockq.example", "saved-token"))
+    assert config.resolve({}) == config.Login("https://clockq.example", "saved-token")
+    assert config.resolve({"CLOCKQ_TOKEN": "env-token"}).token == "env-token"
+    assert config.resolve({"CLOCKQ_URL": "https://clockq.example/"}).token == "saved-token"
+    with pytest.raises(CliError, match=r"no token for https://other\.example") as refused:
+        config.resolve({"CLOCKQ_URL": "https://other.example"})
+    assert refused.value.exit_code == ExitCode.AUTH
+    assert config.resolve({"CLOCKQ_URL": "https://other.example", "CLOCKQ_TOKEN": "t"}).url == "https://other.example"
+
+
+def test_the_login_file_is_written_for_its_owner_only(config_home, capsys):
+    path = config.save(config.Login("http://localhost:8000", "secret"))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(config_home.stat().st_mode) == 0o700
+    assert [p.name for p in config_home.iterdir()] == ["login.json"]  # no temporary file left
+    path.chmod(0o644)
+    config.read_saved()
+    assert "others may read your token" in capsys.readouterr().err
+    path.write_text("{broken")
+    with pytest.raises(CliError, match="not a login file"):
+        config.read_saved()
+
+
+@pytest.mark.parametrize("url", ["localhost:8000", "ftp://host", "http://", "http://host/?a=1"])
+def test_a_server_url_must_be_http_with_a_host(url):
+    with pytest.raises(CliError) as refused:
+        config.normal_url(url)
+    assert refused.value.exit_code == ExitCode.USAGE
+
+
+def test_the_cli_loads_nothing_of_the_server():
+    # The import contracts check the code; this checks what actually loads, the libraries too.
+    probe = (
+        "import sys, clockq_cli.main; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'django', 'rest_framework', 'celery', 'redis', 'clockq', 'webapp', 'workers', 'control', 'predictor'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_make_installs_the_clockq_command_into_the_venv():
+    # Given the console script that pyproject.toml declares
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"clockq": "clockq_cli.main:main"}
+    venv = Path(sys.executable).parent.parent
+    stamp = venv / ".installed"  # the Makefile's: it installs the package last
+    if not stamp.exists() or stamp.stat().st_mtime < (ROOT / "pyproject.toml").stat().st_mtime:
+        pytest.skip(f"{venv} was not made by `make venv` since pyproject.toml changed: run `make venv`")
+    # Then `make venv` put it beside the interpreter, and it runs
+    done = subprocess.run([venv / "bin" / "clockq", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "Exit codes" in done.stdout
