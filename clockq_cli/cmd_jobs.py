@@ -20,7 +20,7 @@ STATES = ("held", "queued", "running", "succeeded", "failed", "cancelled", "time
 ACTIVE_STATES = ("held", "queued", "running")
 
 
-@click.command()
+@click.command(short_help="Submit jobs from a YAML or JSON file (like sbatch).")
 @click.argument("job_file", type=click.File("r"))
 @click.option("--tier", type=click.Choice(TIERS), help="Submit every job to this tier, whatever the file says.")
 @click.option("--wait", is_flag=True, help="Wait until every job has ended; exit 6 unless all succeeded.")
@@ -36,8 +36,6 @@ def submit(job_file: IO[str], tier: str | None, wait: bool, as_json: bool) -> No
     api = connect()
     created = _submit_batch(api, jobs)
     if wait:
-        if not as_json:
-            note(f"submitted {_ids(created)}; waiting for the end (Ctrl-C stops waiting, not the jobs)")
         created = _wait(api, created, quiet=as_json)
     if as_json:
         emit_json(created)
@@ -66,6 +64,8 @@ def _wait(api: Api, created: list[dict[str, Any]], *, quiet: bool) -> list[dict[
             note(f"job {job['id']} ({job['name']}): {job['state']}")
 
     try:
+        if not quiet:
+            note(f"submitted {_ids(created)}; waiting for the end (Ctrl-C stops waiting, not the jobs)")
         return wait_until_ended(api, created, on_change=heard)
     except KeyboardInterrupt:
         raise CliError(
@@ -87,7 +87,7 @@ def _ids(jobs: list[dict[str, Any]]) -> str:
     return ", ".join(str(job["id"]) for job in jobs)
 
 
-@click.command()
+@click.command(short_help="List jobs, by default those not ended (like squeue).")
 @click.option("--state", "states", multiple=True, type=click.Choice(STATES), help="Only jobs in this state (repeat).")
 @click.option("--tier", type=click.Choice(TIERS), help="Only jobs in this tier now.")
 @click.option("--user", help="Only this user's jobs (staff see everyone's; others only their own).")
@@ -132,14 +132,22 @@ def _title(found: list[dict[str, Any]], total: int) -> str:
 
 
 def _watch(api: Api, params: dict[str, str], *, limit: int, interval: float, as_json: bool) -> None:
-    """Read and show the list every `interval` s until Ctrl-C, which is the normal way out (exit 0)."""
+    """Read and show the list every `interval` s until Ctrl-C, which is the normal way out (exit 0).
+    A server that cannot be reached for a while is retried, not the end of the watch."""
     out = console()
     live = Live(console=out, auto_refresh=False, transient=False) if out.is_terminal and not as_json else None
     try:
         if live is not None:
             live.start()
         while True:
-            found, total = api.pages("/api/jobs", params, limit)
+            try:
+                found, total = api.pages("/api/jobs", params, limit)
+            except CliError as exc:
+                if exc.exit_code != ExitCode.UNREACHABLE:
+                    raise
+                note(f"{exc.message}; trying again in {interval:g} s")  # a restart of the server, say
+                time.sleep(interval)
+                continue
             stamp = time.strftime("%H:%M:%S")
             if as_json:
                 emit_json({"at": stamp, "count": total, "jobs": found}, compact=True)
@@ -155,7 +163,7 @@ def _watch(api: Api, params: dict[str, str], *, limit: int, interval: float, as_
             live.stop()
 
 
-@click.command()
+@click.command(short_help="Cancel jobs (like scancel).")
 @click.argument("job_ids", nargs=-1, required=True, type=click.IntRange(min=1))
 @json_option
 def cancel(job_ids: tuple[int, ...], as_json: bool) -> None:

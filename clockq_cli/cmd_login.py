@@ -12,7 +12,7 @@ from clockq_cli.exits import CliError, ExitCode
 from clockq_cli.output import emit_json, json_option, note
 
 
-@click.command()
+@click.command(short_help="Keep a server's URL and your API token.")
 @click.argument("url")
 @json_option
 def login(url: str, as_json: bool) -> None:
@@ -45,7 +45,7 @@ def _read_token() -> str:
     return token
 
 
-@click.command()
+@click.command(short_help="Forget the kept URL and token.")
 @json_option
 def logout(as_json: bool) -> None:
     """Forget the kept URL and token (the token itself stays valid until revoked on the server)."""

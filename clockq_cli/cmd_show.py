@@ -22,7 +22,7 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 CHUNK_BYTES = 1 << 20
 
 
-@click.command()
+@click.command(short_help="A job in full (like scontrol show job).")
 @click.argument("job_id", type=click.IntRange(min=1))
 @json_option
 def show(job_id: int, as_json: bool) -> None:
@@ -46,7 +46,7 @@ def _result_or_none(api: Api, job_id: int) -> dict[str, Any] | None:
         raise
 
 
-@click.command()
+@click.command(short_help="Download a job's result files, SHA-256 checked.")
 @click.argument("job_id", type=click.IntRange(min=1))
 @click.argument("name", required=False)
 @click.option(

@@ -243,3 +243,38 @@ def test_jobs_watch_shows_a_new_job_and_ctrl_c_ends_it_cleanly(clockq, alice):
     finally:
         watch.kill()
         watch.wait()
+
+
+def test_ctrl_c_stops_waiting_not_the_jobs_with_exit_130(clockq, tmp_path):
+    # Given `submit --wait` on a job that nothing runs (no GPU worker)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("name: waits\ntier: SP\nworkload: synthetic\n")
+    waiting = clockq.popen("submit", str(job_file), "--wait")
+    try:
+        assert "waiting for the end" in waiting.stderr.readline()
+        # When the operator presses Ctrl-C
+        waiting.send_signal(signal.SIGINT)
+        # Then it stops waiting with exit 130, saying the job goes on, and the job is still queued
+        assert waiting.wait(timeout=30) == 130
+        rest = waiting.stderr.read()
+        assert "stopped waiting; jobs" in rest and "go on" in rest and "Traceback" not in rest
+    finally:
+        waiting.kill()
+        waiting.wait()
+    assert Job.objects.get().state == "queued"
+
+
+def test_a_watch_outlives_a_server_it_cannot_reach_for_a_while(clockq):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        watch = clockq.popen(
+            "jobs", "--watch", "--interval", "0.5", CLOCKQ_URL=f"http://127.0.0.1:{closed.getsockname()[1]}"
+        )
+        try:
+            for _ in range(2):  # it says so, and tries again
+                assert "Connection refused; trying again in 0.5 s" in watch.stderr.readline()
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(timeout=30) == 0
+        finally:
+            watch.kill()
+            watch.wait()
