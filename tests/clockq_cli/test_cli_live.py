@@ -5,6 +5,7 @@ job, a refused job file) as one line and its own exit code."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import socket
@@ -278,3 +279,48 @@ def test_a_watch_outlives_a_server_it_cannot_reach_for_a_while(clockq):
         finally:
             watch.kill()
             watch.wait()
+
+
+def test_a_reader_that_stops_early_ends_the_output_quietly(clockq):
+    # Given a watch whose reader takes one refresh and goes (`| head -1`)
+    watch = clockq.popen("jobs", "--watch", "--interval", "0.5", "--json")
+    try:
+        assert json.loads(watch.stdout.readline())["jobs"] == []
+        watch.stdout.close()
+        # Then the next refresh ends it, with no traceback and no "Exception ignored"
+        assert watch.wait(timeout=30) == 1
+        assert watch.stderr.read() == ""
+    finally:
+        watch.kill()
+        watch.wait()
+
+
+def test_on_a_terminal_watch_redraws_one_table_in_place(clockq, alice):
+    import pty
+    import subprocess
+
+    # Given a watch whose output is a terminal (a pseudo-terminal here)
+    submit(alice, name="on-screen")
+    main, replica = pty.openpty()
+    watch = subprocess.Popen(
+        [*clockq.command(), "jobs", "--watch", "--interval", "0.5"],
+        cwd=clockq.cwd,
+        env=clockq.env(TERM="xterm"),
+        stdin=subprocess.DEVNULL,
+        stdout=replica,
+        stderr=subprocess.PIPE,
+    )
+    os.close(replica)
+    try:
+        seen = b""
+        # Then the table appears, and at the next refresh is drawn again over itself (the cursor
+        # goes back up), not below it
+        while seen.count(b"on-screen") < 2:
+            seen += os.read(main, 65536)
+        assert b"\x1b[1A" in seen.split(b"on-screen", 1)[1]
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=30) == 0, watch.stderr.read()
+    finally:
+        watch.kill()
+        watch.wait()
+        os.close(main)
