@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import redis
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, Min
 from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -77,6 +77,7 @@ class ClockqCollector(Collector):
         codes = [code for _id, code, *_ in tiers]
         yield from _job_families(code_of)
         yield _wait_targets(tiers)
+        yield _oldest_waits(code_of)
         broker_up = GaugeMetricFamily("clockq_broker_up", "1 if the broker (Redis) answered this scrape, else 0.")
         try:
             found = counters.read_counters()
@@ -252,6 +253,25 @@ def _job_ends(found: counters.Counters, codes: list[str]) -> Metric:
     for (tier, state, on_time), n in sorted((shown | found.ends).items()):
         ends.add_metric([tier, state, "true" if on_time else "false"], n)
     return ends
+
+
+def _oldest_waits(code_of: dict[int, str]) -> Metric:
+    """The wait the SLO measures (submission to first start) of the longest-waiting job that
+    has not started yet, per own tier: a tier falling behind shows here before its jobs start."""
+    oldest = GaugeMetricFamily(
+        "clockq_queue_oldest_wait_seconds",
+        "How long the longest-waiting job that has not started yet has waited since submission, by its own "
+        "tier; 0 when none waits.",
+        labels=["tier"],
+    )
+    never_started = Job.objects.filter(state=JobState.QUEUED, first_started_at__isnull=True).order_by()
+    rows = never_started.values_list("original_tier_id").annotate(since=Min("submitted_at"))
+    since = {code_of.get(tier_id, "?"): at for tier_id, at in rows}
+    now = timezone.now()
+    for code in code_of.values():
+        at = since.get(code)
+        oldest.add_metric([code], 0.0 if at is None else max((now - at).total_seconds(), 0.0))
+    return oldest
 
 
 def _wait_targets(tiers: list[tuple]) -> Metric:

@@ -49,6 +49,25 @@ def test_each_tier_shows_its_wait_target_and_a_best_effort_tier_none(client):
     assert ("tier", "BP") not in {k[0] for k in m.labelled("clockq_tier_wait_target_seconds")}
 
 
+@pytest.mark.django_db
+def test_the_oldest_wait_is_the_longest_waiting_never_started_job_of_each_own_tier(client, alice):
+    now = timezone.now()
+    for name, tier, ago_s, started in (("a", "SP", 700, False), ("b", "SP", 30, False), ("c", "SP", 900, True)):
+        job = submit(alice, tier, name)
+        Job.objects.filter(pk=job.pk).update(
+            submitted_at=now - timedelta(seconds=ago_s), first_started_at=now if started else None
+        )
+    lifted = submit(alice, "SP", "lifted")  # promoted to HP: its SLO is still SP's
+    Job.objects.filter(pk=lifted.pk).update(submitted_at=now - timedelta(seconds=800))
+    promote_job(lifted, actor="carol")
+
+    m = scrape(client)
+
+    assert 800 <= m.value("clockq_queue_oldest_wait_seconds", tier="SP") < 860  # c has started once
+    assert m.value("clockq_queue_oldest_wait_seconds", tier="HP") == 0
+    assert m.value("clockq_queue_oldest_wait_seconds", tier="RT") == 0
+
+
 def _finish(job: Job, state: JobState, *, first_wait_ms: int | None, **updates) -> None:
     """End a running job as a worker does: one transition that sets its end columns."""
     Job.objects.filter(pk=job.pk).update(state="running", worker="gpu0@h", first_wait_ms=first_wait_ms)
