@@ -3,6 +3,7 @@ PromQL expression reads, and the names clockq's /metrics really serves."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -13,6 +14,7 @@ import yaml
 from tests.harness import ROOT
 
 PROMETHEUS_DIR = ROOT / "compose" / "prometheus"
+GRAFANA_DASHBOARDS = ROOT / "compose" / "grafana" / "dashboards"
 RULE_FILES = sorted((PROMETHEUS_DIR / "rules").glob("*.yml"))
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -29,7 +31,8 @@ def needs(binary: str):
 
 def rules() -> list[dict]:
     """Every rule of the rule files, recording and alerting."""
-    return [rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
+    groups = [group for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]]
+    return [rule for group in groups for rule in group["rules"]]
 
 
 def recorded_names() -> set[str]:
@@ -74,3 +77,23 @@ def served_names(client, token: str) -> set[str]:
     for family in text_string_to_metric_families(response.content.decode()):
         names |= {family.name + suffix for suffix in suffixes[family.type]}
     return names
+
+
+def dashboard_panels(dashboard: dict) -> list[dict]:
+    """Every panel of a dashboard, those inside collapsed rows included."""
+    found = []
+    for panel in dashboard["panels"]:
+        found.append(panel)
+        found += panel.get("panels", [])
+    return found
+
+
+def dashboard_queries() -> list[tuple[str, str, str]]:
+    """(dashboard file, panel title, PromQL) of every query of the shipped Grafana dashboards."""
+    found = []
+    for path in sorted(GRAFANA_DASHBOARDS.glob("*.json")):
+        for panel in dashboard_panels(json.loads(path.read_text())):
+            for target in panel.get("targets", []):
+                if target.get("expr"):
+                    found.append((path.name, panel.get("title", ""), target["expr"]))
+    return found
