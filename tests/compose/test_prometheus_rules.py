@@ -76,7 +76,7 @@ def test_every_alert_fires_in_a_unit_test_and_the_unit_tests_pass():
     assert {"ClockqTierWaitsOverSlo", "ClockqAdmissionClosedLong", "ClockqGpuWorkerMissing"} <= alerts
     assert {"ClockqForecastStale", "ClockqCheckpointDiskNearlyFull", "ClockqBeatMissing"} <= alerts
 
-    out = promtool("test", "rules", "tests/alerts_test.yml")
+    out = promtool("test", "rules", str(PROMETHEUS_DIR / "tests" / "alerts_test.yml"))
 
     assert "SUCCESS" in out
 
