@@ -135,13 +135,12 @@ def wait_value(base: str, promql: str, expected: float) -> None:
 
 
 def test_prometheus_scrapes_clockq_and_reads_the_queue_the_load_and_the_forecast(prometheus, alice, settings):
-    # Given 3 SP jobs and 1 HP job waiting, a load sample, a forecast, and a live GPU worker
+    # Given 3 SP jobs and 1 HP job waiting, a load sample and a forecast
     for name, tier in (("a", "SP"), ("b", "SP"), ("c", "SP"), ("d", "HP")):
         submit(alice, tier, name)
     now = timezone.now()
     MetricSample.objects.create(at=now - timedelta(seconds=30), load_index=0.75, gpus=2)
     apply_forecast(0.91, at=now, workers=2)
-    heartbeat.announce(broker(), {"hostname": f"gpu0@{socket.gethostname()}", "gpu": 0})
 
     # Then Prometheus reads them back through its query API, as scraped
     wait_value(prometheus, 'clockq_queue_depth{job="clockq",tier="SP"}', 3)
@@ -153,7 +152,10 @@ def test_prometheus_scrapes_clockq_and_reads_the_queue_the_load_and_the_forecast
     wait_value(prometheus, 'tier:clockq_queue_depth:max{tier="SP"}', 3)
     wait_value(prometheus, "clockq:load_forecast:max", 0.91)
     wait_value(prometheus, 'tier:clockq_tier_wait_target_seconds:max{tier="HP"}', 60)
-    wait_value(prometheus, "count(clockq_worker_up)", 1)
+    # A live GPU worker's heartbeat (it lasts 15 s) shows as its own series
+    host = socket.gethostname()
+    heartbeat.announce(broker(), {"hostname": f"gpu0@{host}", "gpu": 0})
+    wait_value(prometheus, f'host:clockq_gpu_workers_up:count{{host="{host}"}}', 1)
     # Both targets are up: the token got in, and Flower answers without one
     wait_value(prometheus, 'up{job="clockq"}', 1)
     wait_value(prometheus, 'up{job="flower"}', 1)
