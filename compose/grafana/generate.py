@@ -76,7 +76,7 @@ def queues_and_service_levels() -> list[timeseries.Panel]:
         .override_by_regexp(".* target", dashed()),
         series(
             "Longest wait of a job not started yet, against the target",
-            "The oldest never-started job's wait over its tier's target: 1 is at the target. Over 1 for 5 "
+            "The oldest never-started job's wait over its tier's target: 100% is at the target. Over it for 5 "
             "minutes: ClockqJobWaitingPastSlo.",
             "percentunit",
             query(
