@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # GPU hosts: make run REQUIREMENTS=requirements-gpu.txt (CUDA build of TensorFlow).
 REQUIREMENTS ?= requirements.txt
 
-.PHONY: run demo test test-all browser sandbox lint docs format bench clean
+.PHONY: run demo test test-all browser sandbox prometheus lint docs format bench clean
 
 # The last install puts the `clockq` command (pyproject.toml's [project.scripts]) in .venv/bin,
 # editable: it runs this checkout's clockq_cli/, so an edit needs no reinstall.
@@ -53,10 +53,15 @@ browser:
 sandbox:
 	$(call apt_need,/usr/bin/bwrap,bubblewrap,command jobs will be refused and their tests skipped)
 
-test: $(STAMP) browser sandbox
+# compose/prometheus's config, rules and alert unit tests are checked with promtool, and a test runs
+# the Prometheus server against a live clockq (tests/compose/); Debian's package ships both.
+prometheus:
+	$(call apt_need,/usr/bin/promtool,prometheus,the Prometheus tests will be skipped)
+
+test: $(STAMP) browser sandbox prometheus
 	$(PY) -m pytest -m "not slow"
 
-test-all: $(STAMP) browser sandbox
+test-all: $(STAMP) browser sandbox prometheus
 	$(PY) -m pytest
 
 # The layer contracts (pyproject.toml, [tool.importlinter]), ruff, mypy on the core, the GPU

@@ -283,6 +283,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": CLOCKQ_BROKER_TIMEOUT_S,
 }
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Beat writes each task's last run back to the database after every send, not every 3 minutes:
+# /metrics tells a live beat by it (clockq_beat_last_run_timestamp_seconds), and a beat that
+# restarts does not send again what it sent in the last minutes. A few small UPDATEs a minute.
+CELERY_BEAT_SYNC_EVERY = 1
 
 RECONCILE_EVERY_S = env_int("CLOCKQ_RECONCILE_EVERY_S", 15, min_value=1)
 RETENTION_EVERY_S = env_int("CLOCKQ_RETENTION_EVERY_S", 3600, min_value=1)

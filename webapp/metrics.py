@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import redis
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, Min
 from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -41,7 +41,8 @@ from clockq.forecasting import load_history
 from clockq.jobs.models import Job, QueueTier
 from clockq.policy.kpis import WAIT_BUCKETS_MS
 from clockq.policy.slicing import SliceOutcome
-from clockq.policy.states import JobState
+from clockq.policy.states import TERMINAL_STATES, JobState
+from webapp.metrics_liveness import liveness_families
 
 WORKER_NAME = re.compile(r"gpu(\d+)@(.+)")
 
@@ -67,19 +68,25 @@ class ClockqCollector(Collector):
     """Everything /metrics shows, read afresh from the database and Redis on each collect()."""
 
     def collect(self) -> Iterator[Metric]:
-        tiers = list(QueueTier.objects.values_list("id", "code", "queue_name", "promote_to__code", "chance_to__code"))
+        tiers = list(
+            QueueTier.objects.values_list(
+                "id", "code", "queue_name", "promote_to__code", "chance_to__code", "wait_target_ms"
+            )
+        )
         code_of = {tier_id: code for tier_id, code, *_ in tiers}
         codes = [code for _id, code, *_ in tiers]
         yield from _job_families(code_of)
+        yield _wait_targets(tiers)
+        yield _oldest_waits(code_of)
         broker_up = GaugeMetricFamily("clockq_broker_up", "1 if the broker (Redis) answered this scrape, else 0.")
         try:
             found = counters.read_counters()
             waiting = queues.waiting_by_rank([queue for _id, _code, queue, *_ in tiers])
             samples = gpu_samples.cluster_samples(client())
-            gpu_workers: int | None = sum(1 for w in heartbeat.live_workers() if w.get("gpu") is not None)
+            workers: list[dict] | None = heartbeat.live_workers()
         except redis.RedisError:
             # The database's figures still count; the broker's families are shown empty.
-            found, waiting, samples, gpu_workers = None, None, [], None
+            found, waiting, samples, workers = None, None, [], None
         broker_up.add_metric([], 0 if found is None else 1)
         yield broker_up
         messages = GaugeMetricFamily(
@@ -93,7 +100,8 @@ class ClockqCollector(Collector):
         yield from _running_jobs(samples)
         yield from _gpu_telemetry(samples)
         yield from _counter_families(found or counters.Counters(), codes, tiers)
-        yield from _control_families(gpu_workers)
+        yield from _control_families(None if workers is None else sum(1 for w in workers if w.get("gpu") is not None))
+        yield from liveness_families(workers)
 
 
 def _job_families(code_of: dict[int, str]) -> Iterator[Metric]:
@@ -225,11 +233,58 @@ def _counter_families(found: counters.Counters, codes: list[str], tiers: list[tu
         labels=["from_tier", "to_tier", "kind"],
     )
     # The configured routes show 0 before their first use; others appear once used.
-    routes = {(code, to, "starved"): 0 for _id, code, _q, to, _c in tiers if to}
-    routes |= {(code, to, "batch_chance"): 0 for _id, code, _q, _p, to in tiers if to}
+    routes = {(code, to, "starved"): 0 for _id, code, _q, to, _c, _t in tiers if to}
+    routes |= {(code, to, "batch_chance"): 0 for _id, code, _q, _p, to, _t in tiers if to}
     for (from_tier, to_tier, kind), n in sorted((routes | found.promotions).items()):
         promotions.add_metric([from_tier, to_tier, kind], n)
     yield promotions
+    yield _job_ends(found, codes)
+
+
+def _job_ends(found: counters.Counters, codes: list[str]) -> Metric:
+    ends = CounterMetricFamily(
+        "clockq_jobs_ended",
+        "Jobs that ended, by their own tier, terminal state and whether they were on time (the KPIs' definition).",
+        labels=["tier", "state", "on_time"],
+    )
+    # Every tier's ends show 0 before the first; only a success can be on time.
+    shown = {(code, state.value, False): 0 for code in codes for state in TERMINAL_STATES}
+    shown |= {(code, JobState.SUCCEEDED.value, True): 0 for code in codes}
+    for (tier, state, on_time), n in sorted((shown | found.ends).items()):
+        ends.add_metric([tier, state, "true" if on_time else "false"], n)
+    return ends
+
+
+def _oldest_waits(code_of: dict[int, str]) -> Metric:
+    """The wait the SLO measures (submission to first start) of the longest-waiting job that
+    has not started yet, per own tier: a tier falling behind shows here before its jobs start."""
+    oldest = GaugeMetricFamily(
+        "clockq_queue_oldest_wait_seconds",
+        "How long the longest-waiting job that has not started yet has waited since submission, by its own "
+        "tier; 0 when none waits.",
+        labels=["tier"],
+    )
+    never_started = Job.objects.filter(state=JobState.QUEUED, first_started_at__isnull=True).order_by()
+    rows = never_started.values_list("original_tier_id").annotate(since=Min("submitted_at"))
+    since = {code_of.get(tier_id, "?"): at for tier_id, at in rows}
+    now = timezone.now()
+    for code in code_of.values():
+        at = since.get(code)
+        oldest.add_metric([code], 0.0 if at is None else max((now - at).total_seconds(), 0.0))
+    return oldest
+
+
+def _wait_targets(tiers: list[tuple]) -> Metric:
+    targets = GaugeMetricFamily(
+        "clockq_tier_wait_target_seconds",
+        "Each tier's target wait before a job's first start (its SLO; the tiers' settings). A best-effort "
+        "tier has none.",
+        labels=["tier"],
+    )
+    for _id, code, *_, target_ms in tiers:
+        if target_ms is not None:
+            targets.add_metric([code], target_ms / 1000)
+    return targets
 
 
 def _histogram(

@@ -11,6 +11,8 @@ to a few Redis hashes (HINCRBY, HINCRBYFLOAT), and every web process reads the s
   counted. Outside a transaction the write happens at once.
 - Flushing Redis resets them. That is fine for Prometheus counters: `rate()` and `increase()`
   treat a drop to zero as a counter reset.
+- Job ends are counted where every end happens, in `transition()` (clockq/jobs/transitions.py),
+  with whether the job was on time by the KPIs' definition (clockq/policy/service_levels.py).
 - Histograms are kept as per-bucket counts (not cumulative), a count and a sum, written in one
   MULTI so that a reader never sees a count that disagrees with its buckets.
 """
@@ -38,7 +40,8 @@ SLICES_KEY = "clockq:counters:slices"  # "<tier>:<outcome>" -> slices, "<tier>:<
 SWITCH_KEY = "clockq:counters:switch"  # histogram of checkpoint + restore ms of yielded slices
 WAIT_KEY = "clockq:counters:wait"  # histogram of first waits (submission -> first start), ms
 PROMOTIONS_KEY = "clockq:counters:promotions"  # "<from>:<to>:<kind>" -> promotions
-KEYS = (SLICES_KEY, SWITCH_KEY, WAIT_KEY, PROMOTIONS_KEY)
+ENDS_KEY = "clockq:counters:ends"  # "<tier>:<state>:<on time: 1 or 0>" -> jobs ended
+KEYS = (SLICES_KEY, SWITCH_KEY, WAIT_KEY, PROMOTIONS_KEY, ENDS_KEY)
 
 # Upper bounds (ms) of the switch cost histogram's buckets: a switch is a checkpoint and a restore,
 # from about a millisecond (a small state on local disk) to seconds (gigabytes).
@@ -83,6 +86,11 @@ def count_promotion(*, from_tier: str, to_tier: str, actor: str) -> None:
     """A job was lifted from `from_tier` to `to_tier` by `actor`."""
     kind = PROMOTION_KINDS.get(actor, BY_HAND)
     _after_commit(lambda pipe: pipe.hincrby(PROMOTIONS_KEY, f"{from_tier}:{to_tier}:{kind}", 1))
+
+
+def count_job_end(*, tier: str, state: str, on_time: bool) -> None:
+    """A job of `tier` (its own tier) ended in the terminal `state`, on time or not."""
+    _after_commit(lambda pipe: pipe.hincrby(ENDS_KEY, f"{tier}:{state}:{int(on_time)}", 1))
 
 
 def _observe(pipe: redis.client.Pipeline, key: str, label: str, bucket: int, value: float) -> None:
@@ -145,6 +153,7 @@ class Counters:
     switch: dict[str, Histogram] = field(default_factory=dict)  # tier -> switch costs, ms
     wait: dict[str, Histogram] = field(default_factory=dict)  # tier -> first waits, ms
     promotions: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (from, to, kind) -> count
+    ends: dict[tuple[str, str, bool], int] = field(default_factory=dict)  # (tier, state, on time) -> jobs
 
 
 def read_counters(r: redis.Redis | None = None) -> Counters:
@@ -153,7 +162,7 @@ def read_counters(r: redis.Redis | None = None) -> Counters:
     pipe = (r or client()).pipeline(transaction=False)
     for key in KEYS:
         pipe.hgetall(key)
-    slices, switch, wait, promotions = (_decode(h) for h in pipe.execute())
+    slices, switch, wait, promotions, ends = (_decode(h) for h in pipe.execute())
     found = Counters()
     for name, value in slices.items():
         parts = name.split(":")
@@ -167,6 +176,10 @@ def read_counters(r: redis.Redis | None = None) -> Counters:
         parts = name.split(":")
         if len(parts) == 3 and (n := _int(value)) is not None:
             found.promotions[(parts[0], parts[1], parts[2])] = n
+    for name, value in ends.items():
+        parts = name.split(":")
+        if len(parts) == 3 and parts[2] in ("0", "1") and (n := _int(value)) is not None:
+            found.ends[(parts[0], parts[1], parts[2] == "1")] = n
     return found
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.conf import settings
+from django.db.models import Max
 
 from clockq.policy.promotion import BATCH_CHANCE_EVERY_S, PROMOTION_TICK_S
 
@@ -98,3 +100,12 @@ def ensure_periodic_tasks(periodic_task_model, interval_model) -> None:
             expire_seconds=spec.every_s,
             description=spec.description,
         )
+
+
+def beat_last_run() -> datetime | None:
+    """When celery beat last sent an enabled periodic task, as its DatabaseScheduler writes it
+    back (after every send: settings.CELERY_BEAT_SYNC_EVERY): a live beat has written within the
+    shortest task interval. None before any beat ran."""
+    from django_celery_beat.models import PeriodicTask
+
+    return PeriodicTask.objects.filter(enabled=True).aggregate(at=Max("last_run_at"))["at"]

@@ -11,11 +11,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from clockq.bus import counters
 from clockq.bus.dispatch import publish_dispatch
 from clockq.jobs import hot_sql
 from clockq.jobs.models import Job, JobEvent, new_token
+from clockq.policy.service_levels import finished_on_time
 from clockq.policy.slicing import PendingAction
-from clockq.policy.states import JobState, can_transition
+from clockq.policy.states import TERMINAL_STATES, JobState, can_transition
 
 log = logging.getLogger("clockq.transitions")
 _EVERY_SWITCH = frozenset({(JobState.QUEUED, JobState.RUNNING), (JobState.RUNNING, JobState.QUEUED)})
@@ -103,7 +105,24 @@ def transition(
         if to == JobState.QUEUED:
             queue = queue_name or Job.objects.filter(pk=job_id).values_list("tier__queue_name", flat=True).get()
             transaction.on_commit(lambda: publish_dispatch(job_id, changed.token, queue))
+        if to in TERMINAL_STATES:
+            _count_end(job_id, to)
     # Claims and requeues are every slice switch: their record is the job's history, not the log.
     level = logging.DEBUG if (state, to) in _EVERY_SWITCH else logging.INFO
     log.log(level, "job %s: %s -> %s (%s) by %s", job_id, state, to, reason, actor)
     return changed
+
+
+def _count_end(job_id: int, state: JobState) -> None:
+    """Count the end for /metrics (after commit), judged on time as the KPI rollup judges it.
+    One read per job's end, inside the transition's transaction: it sees the columns just set."""
+    fields = ("original_tier__code", "original_tier__wait_target_ms", "deadline", "first_wait_ms", "finished_at")
+    tier, target_ms, deadline, first_wait_ms, finished_at = Job.objects.filter(pk=job_id).values_list(*fields).get()
+    on_time = finished_on_time(
+        succeeded=state == JobState.SUCCEEDED,
+        finished_at=finished_at,
+        deadline=deadline,
+        first_wait_ms=first_wait_ms,
+        target_ms=target_ms,
+    )
+    counters.count_job_end(tier=tier, state=state.value, on_time=on_time)

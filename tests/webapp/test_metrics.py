@@ -251,7 +251,9 @@ def test_slices_run_by_real_workers_move_the_counters(start_workers, client, ali
     def counted() -> Scrape | None:
         m = scrape(client)
         shown = {o: m.value("clockq_slices_total", tier="SP", outcome=o) for o in by_outcome}
-        return m if shown == by_outcome and m.value("clockq_job_first_wait_seconds_count", tier="SP") == 2 else None
+        waits = m.value("clockq_job_first_wait_seconds_count", tier="SP")
+        ends = m.value("clockq_jobs_ended_total", tier="SP", state="succeeded", on_time="true")
+        return m if shown == by_outcome and waits == 2 and ends == 2 else None
 
     m = wait_for(counted, 10, what="the slice counters to match the Slice rows")
 
