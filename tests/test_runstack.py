@@ -58,7 +58,7 @@ def test_make_run_starts_a_predictor_worker_beside_the_control_worker(tmp_path, 
     settings.VAR_DIR = tmp_path / "var"
     settings.PORT, settings.FLOWER_PORT = free_port(), free_port()
     settings.CLOCKQ_ADMIN_PASSWORD = "not-a-real-password-123"
-    monkeypatch.setenv("REDIS_URL", settings.REDIS_URL)
+    settings.CLOCKQ_EMBEDDED_BROKER = False  # REDIS_URL set: no embedded broker
     started = {}
 
     def run_forever(self):
