@@ -80,6 +80,8 @@ def _reason(request) -> tuple[str, Response | None]:
         return "", Response({"detail": 'The body must be empty or {"reason": "..."}.'}, status=400)
     if unknown := sorted(set(data) - {"reason"}):
         return "", Response({"detail": f"Unknown field(s): {', '.join(unknown)}."}, status=400)
+    if not isinstance(data.get("reason", ""), str):
+        return "", Response({"reason": ["must be a string"]}, status=400)
     body = DrainSerializer(data=data)
     if not body.is_valid():
         return "", Response(body.errors, status=400)
