@@ -99,15 +99,17 @@ def _running_on(worker_names: list[str]) -> list[Job]:
 
 
 def _apply(*, worker_names: list[str], running: list[Job], actor: str, what: str) -> None:
-    """Make the workers apply their drain, then ask their running jobs to leave."""
-    live = _live(worker_names)
-    answered = consumers.sync_drain(live)
-    if missing := sorted(set(live) - set(answered)):
-        log.warning("%s did not answer at once; each applies its drain at its next heartbeat", ", ".join(missing))
+    """Make the workers apply their drain, then ask their running jobs to leave. The pool
+    processes hear first (pub/sub, at once), so that one about to claim reads its drain again;
+    then the main processes stop or start consuming."""
     try:
         signals.announce_fleet_changed(client())
     except Exception as exc:
         log.warning("could not announce the drain of %s: %s", what, exc)
+    live = _live(worker_names)
+    answered = consumers.sync_drain(live)
+    if missing := sorted(set(live) - set(answered)):
+        log.warning("%s did not answer at once; each applies its drain at its next heartbeat", ", ".join(missing))
     for job in running:
         # It ended meanwhile, or an operator's action is pending: it leaves anyway.
         with contextlib.suppress(services.ActionRefused):
