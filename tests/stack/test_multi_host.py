@@ -15,6 +15,7 @@ Skipped, saying why, where the machine cannot make namespaces (no root, no `ip`)
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -316,7 +317,7 @@ def every_job_ran_once(cluster: Cluster, jobs: list[int]) -> None:
         slices = cluster.sql(
             "SELECT started_at, ended_at, steps, rolled_back FROM jobs_slice WHERE job_id = %s ORDER BY started_at", job
         )
-        for (_, ended, _, _), (started, _, _, _) in zip(slices, slices[1:], strict=False):
+        for (_, ended, _, _), (started, _, _, _) in itertools.pairwise(slices):
             assert ended <= started, f"job {job} ran on two GPUs at once"
         assert sum(steps for _, _, steps, rolled_back in slices if not rolled_back) == params["steps"], job
 
