@@ -124,10 +124,12 @@ class Command(BaseCommand):
         if "web" in wanted:
             web = f"http://{_shown_host(bind)}:{settings.PORT}"
             threading.Thread(target=self._announce_ready, args=(web, demo), daemon=True).start()
-        threading.Thread(target=_say_host_is_live, args=(host,), daemon=True).start()
+        stopped = threading.Event()
+        threading.Thread(target=_say_host_is_live, args=(host, stopped), daemon=True).start()
         try:
             code = Supervisor(children, stop_grace_s=60).run_forever()
         finally:
+            stopped.set()
             keeper.stop()
         raise SystemExit(code)
 
@@ -288,10 +290,9 @@ def _unapplied_migrations() -> int:
     return len(executor.migration_plan(executor.loader.graph.leaf_nodes()))
 
 
-def _say_host_is_live(host: str) -> None:
+def _say_host_is_live(host: str, stopped: threading.Event) -> None:
     """Refresh this host's `seen_at` while the launcher runs (clockq/fleet/registry.py)."""
-    while True:
-        time.sleep(registry.SEEN_EVERY_S)
+    while not stopped.wait(registry.SEEN_EVERY_S):
         try:
             registry.seen(host)
         except DatabaseError as exc:
