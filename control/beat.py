@@ -22,7 +22,7 @@ WAIT_TICK_S = 1.0
 
 
 class LockedDatabaseScheduler(DatabaseScheduler):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs) -> None:
         self.lease_s = settings.CLOCKQ_BEAT_LOCK_S
         self.lock = BeatLock(client(), self.lease_s, holder_token(settings.CLOCKQ_HOST))
         self.leads: bool | None = None  # None until the first tick
