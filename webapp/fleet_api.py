@@ -61,8 +61,18 @@ class DrainSerializer(serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, max_length=drains.MAX_REASON)
 
 
-WORKER = OpenApiParameter("name", str, OpenApiParameter.PATH, description="The worker's name, gpu<N>@<host>.")
-HOST = OpenApiParameter("host", str, OpenApiParameter.PATH, description="The host's name (its CLOCKQ_HOST).")
+WORKER = OpenApiParameter(
+    "name",
+    {"type": "string", "pattern": f"^{_WORKER.pattern}$"},
+    OpenApiParameter.PATH,
+    description="The worker's name, gpu<N>@<host>.",
+)
+HOST = OpenApiParameter(
+    "host",
+    {"type": "string", "pattern": f"^{_HOST.pattern}$"},
+    OpenApiParameter.PATH,
+    description="The host's name (its CLOCKQ_HOST).",
+)
 NO_WORKER = OpenApiResponse(ErrorSerializer, description="No GPU worker of that name was ever registered.")
 NO_HOST = OpenApiResponse(ErrorSerializer, description="No host of that name was ever registered.")
 STAFF_ONLY = OpenApiResponse(ErrorSerializer, description="Only staff may drain and resume.")
@@ -96,14 +106,21 @@ def _no_host(name: str) -> Response:
     return Response({"detail": f"No host {name!r} was ever registered."}, status=404)
 
 
-@extend_schema(summary="Every host, its roles and GPU workers, and their drains", responses={200: HostsSerializer})
+@extend_schema(
+    operation_id="hosts_list",
+    summary="Every host, its roles and GPU workers, and their drains",
+    responses={200: HostsSerializer, **COMMON_ERRORS},
+)
 @api_view(["GET"])
 def hosts(request):
     return Response({"hosts": fleet_status.all_hosts()})
 
 
 @extend_schema(
-    summary="One host", parameters=[HOST], responses={200: HostStatusSerializer, 404: NO_HOST, **COMMON_ERRORS}
+    operation_id="hosts_retrieve",
+    summary="One host",
+    parameters=[HOST],
+    responses={200: HostStatusSerializer, 404: NO_HOST, **COMMON_ERRORS},
 )
 @api_view(["GET"])
 def host_detail(request, host: str):

@@ -70,7 +70,10 @@ def _sync_drain(state, **_kwargs) -> dict[str, str]:
     if not is_gpu_worker(consumer):
         return {"state": "not a GPU worker"}
     drained = is_drained(consumer.hostname)
-    return {"state": apply(consumer, drained)}
+    # In the event loop's next turn, as Celery's own cancel_consumer does: not in the middle of
+    # the broker read that delivered this command.
+    consumer.call_soon(apply, consumer, drained)
+    return {"state": "drained" if drained else "consuming"}
 
 
 class DrainWatch:

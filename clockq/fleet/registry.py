@@ -24,12 +24,15 @@ def broker_address(url: str) -> str:
     return f"{parts.hostname}:{parts.port or 6379}"
 
 
+@transaction.atomic
 def register_host(name: str, roles: Iterable[str], broker: str) -> Host:
-    """This host starts `roles`: create or update its row, seen now. A drain stays as it was."""
+    """This host starts `roles`: create or update its row, seen now. Roles another launcher of
+    the same host started, and that is live, are kept; a drain stays as it was."""
     now = timezone.now()
-    host, _ = Host.objects.update_or_create(
-        name=name, defaults={"roles": sorted(set(roles)), "broker": broker, "started_at": now, "seen_at": now}
-    )
+    host, created = Host.objects.select_for_update().get_or_create(name=name, defaults={"seen_at": now})
+    kept = set(host.roles) if not created and is_live(host) else set()
+    host.roles, host.broker, host.started_at, host.seen_at = sorted(kept | set(roles)), broker, now, now
+    host.save(update_fields=["roles", "broker", "started_at", "seen_at"])
     return host
 
 
