@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shlex
 from dataclasses import dataclass
@@ -17,6 +18,30 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 def env_str(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
+
+
+def env_or_file(name: str) -> str | None:
+    """`name` from the environment, or the content of the file named by `name`_FILE (as Docker
+    and Kubernetes secrets are mounted), without its trailing newline; None when neither is
+    set. Both set, an unreadable or an empty file raise ImproperlyConfigured naming the
+    variable, never the value."""
+    file_var = f"{name}_FILE"
+    value, path = os.environ.get(name), os.environ.get(file_var)
+    if path is None or path.strip() == "":
+        return value if value is None or value.strip() else None
+    if value is not None and value.strip():
+        raise ImproperlyConfigured(f"both {name} and {file_var} are set; set one of them")
+    try:
+        content = Path(path).read_text().rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise ImproperlyConfigured(f"{file_var}={path!r}: the file is not UTF-8 text") from None
+    except OSError as exc:
+        raise ImproperlyConfigured(f"{file_var}={path!r}: cannot read it: {exc.strerror or exc}") from None
+    if not content.strip():
+        raise ImproperlyConfigured(f"{file_var}={path!r}: the file is empty")
+    if "\n" in content:
+        raise ImproperlyConfigured(f"{file_var}={path!r}: the file holds more than one line")
+    return content
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -177,3 +202,35 @@ def persistent_secret(path: Path, nbytes: int = 48) -> str:
     with os.fdopen(fd, "w") as fh:
         fh.write(value + "\n")
     return value
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+
+
+def host_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a host in worker names (gpu0@<name>), or None: letters, digits,
+    dots, hyphens and underscores, up to 63, starting and ending with a letter or digit."""
+    if not _HOST_NAME.fullmatch(name):
+        return "use up to 63 letters, digits, '.', '-' or '_', starting and ending with a letter or digit"
+    return None
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why `url` is not a usable broker URL, or None. Never repeats the URL: it may hold a password."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"not a valid URL ({exc})"
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        return "must start with redis://, rediss:// or unix://"
+    if parts.scheme == "unix":
+        return None if parts.path.startswith("/") else "a unix:// URL needs an absolute socket path"
+    if not parts.hostname:
+        return "names no host: redis://[:password@]host:6379/0"
+    if port == 0:
+        return "port 0 is not a port"
+    db = parts.path.lstrip("/")
+    if db and not db.isdigit():
+        return f"the database number after the last '/' must be an integer, not {db!r}"
+    return None

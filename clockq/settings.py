@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,10 +21,13 @@ from clockq.env import (
     env_int,
     env_int_list,
     env_list,
+    env_or_file,
     env_str,
+    host_name_problem,
     parse_gpus,
     parse_scale_hook,
     persistent_secret,
+    redis_url_problem,
 )
 from clockq.policy import control as _control
 from clockq.policy.ordering import BASE_LADDER_GPU_S, Ladder
@@ -35,7 +39,14 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 os.umask(0o077)
 VAR_DIR = Path(env_str("CLOCKQ_VAR_DIR") or BASE_DIR / "var")
 
-SECRET_KEY = env_str("SECRET_KEY") or persistent_secret(VAR_DIR / "secret_key")
+# DATABASE_URL, REDIS_URL, SECRET_KEY, CLOCKQ_CHECKPOINT_DIR and the other secrets may each come
+# from a file instead, named by the same variable with _FILE (Docker and Kubernetes secrets).
+SECRET_KEY = env_or_file("SECRET_KEY") or persistent_secret(VAR_DIR / "secret_key")
+if len(SECRET_KEY) < 32:
+    raise ImproperlyConfigured(
+        "SECRET_KEY is shorter than 32 characters: use a long random value, e.g. from "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(48))'`, or leave it unset on one machine"
+    )
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -57,6 +68,7 @@ INSTALLED_APPS = [
     "clockq.kpis",  # the KPI rollups
     "clockq.control_state",  # admission, prefetch and desired workers, and their audit trail
     "clockq.forecasting",  # the load predictor's storage: load history, models, forecasts
+    "clockq.fleet",  # the hosts and GPU workers: the registry, drains, the checkpoint folder's marker
     "webapp",
     "workers",  # the gpu role
     "control",  # the control role: beat's periodic maintenance
@@ -109,8 +121,9 @@ TEMPLATES = [
 # --- database -------------------------------------------------------------------------------
 
 _default_db_url = f"sqlite:///{VAR_DIR / 'clockq.sqlite3'}"
+_db_url = env_or_file("DATABASE_URL") or _default_db_url
 try:
-    _db = dj_database_url.parse(env_str("DATABASE_URL") or _default_db_url, conn_max_age=60)
+    _db = dj_database_url.parse(_db_url, conn_max_age=60)
 except Exception as exc:  # dj_database_url raises several types for a malformed URL
     raise ImproperlyConfigured(f"DATABASE_URL is not a usable database URL: {exc}") from None
 if _db["ENGINE"] == "django.db.backends.sqlite3":
@@ -126,6 +139,8 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["TEST"] = {"NAME": str(VAR_DIR / f"test-clockq-{os.getpid()}.sqlite3")}
     Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
 elif _db["ENGINE"] == "django.db.backends.postgresql":
+    if not _db.get("NAME"):
+        raise ImproperlyConfigured("DATABASE_URL names no database: postgres://user:password@host:5432/<database>")
     _db["CONN_HEALTH_CHECKS"] = True
 else:
     raise ImproperlyConfigured(f"DATABASE_URL: only sqlite and postgresql are supported, not {_db['ENGINE']}")
@@ -182,7 +197,7 @@ if not re.fullmatch(r"[1-9][0-9]*/(s|sec|m|min|h|hour|d|day)", CLOCKQ_API_BASIC_
     )
 # /metrics answers `Authorization: Bearer <this token>` (Prometheus) and staff sessions; unset,
 # staff sessions only. Long enough that guessing it is hopeless.
-CLOCKQ_METRICS_TOKEN = env_str("CLOCKQ_METRICS_TOKEN") or None
+CLOCKQ_METRICS_TOKEN = env_or_file("CLOCKQ_METRICS_TOKEN") or None
 if CLOCKQ_METRICS_TOKEN is not None and not re.fullmatch(r"[\x21-\x7e]{24,}", CLOCKQ_METRICS_TOKEN):
     raise ImproperlyConfigured(
         "CLOCKQ_METRICS_TOKEN must be at least 24 printable ASCII characters without spaces, "
@@ -232,11 +247,14 @@ EMBEDDED_REDIS_PORT = env_int("CLOCKQ_EMBEDDED_REDIS_PORT", 6390, min_value=1024
 # Without REDIS_URL, clockq uses the embedded broker that `make run` starts, with a password
 # generated once and kept in a 0600 file.
 EMBEDDED_REDIS_PASSWORD_FILE = VAR_DIR / "redis-password"
-REDIS_URL = env_str("REDIS_URL") or (
+_redis_url = env_or_file("REDIS_URL")
+# True when this host uses the broker `make run` starts for itself: no other host can reach it.
+CLOCKQ_EMBEDDED_BROKER = _redis_url is None
+REDIS_URL = _redis_url or (
     f"redis://:{persistent_secret(EMBEDDED_REDIS_PASSWORD_FILE, nbytes=24)}@127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
 )
-if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
-    raise ImproperlyConfigured(f"REDIS_URL={REDIS_URL!r} must start with redis://, rediss:// or unix://")
+if _problem := redis_url_problem(REDIS_URL):
+    raise ImproperlyConfigured(f"REDIS_URL: {_problem}")
 
 CONTROL_QUEUE = "control"
 # The load predictor's worker consumes only this queue: it is the one process that loads TensorFlow.
@@ -282,7 +300,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_timeout": CLOCKQ_BROKER_TIMEOUT_S,
     "socket_connect_timeout": CLOCKQ_BROKER_TIMEOUT_S,
 }
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# django-celery-beat's DatabaseScheduler, one beat at a time (control/beat.py).
+CELERY_BEAT_SCHEDULER = "control.beat:LockedDatabaseScheduler"
 # Beat writes each task's last run back to the database after every send, not every 3 minutes:
 # /metrics tells a live beat by it (clockq_beat_last_run_timestamp_seconds), and a beat that
 # restarts does not send again what it sent in the last minutes. A few small UPDATEs a minute.
@@ -314,7 +333,21 @@ CELERY_BEAT_SCHEDULE = {
 CLOCKQ_GPUS = parse_gpus(env_str("CLOCKQ_GPUS") or "auto")
 # Memory of each simulated GPU in MiB, e.g. "16384,81920"; the last value repeats.
 CLOCKQ_SIM_GPU_MEMORY_MIB = env_int_list("CLOCKQ_SIM_GPU_MEMORY_MIB", [16384], min_value=1, max_value=4 * 2**20)
-CLOCKQ_CHECKPOINT_DIR = Path(env_str("CLOCKQ_CHECKPOINT_DIR") or VAR_DIR / "checkpoints")
+_checkpoint_dir = env_or_file("CLOCKQ_CHECKPOINT_DIR")
+if _checkpoint_dir is not None and not os.path.isabs(_checkpoint_dir):
+    raise ImproperlyConfigured(
+        f"CLOCKQ_CHECKPOINT_DIR={_checkpoint_dir!r} is not an absolute path; with several hosts it is the "
+        "shared folder's mount point, the same on every host"
+    )
+CLOCKQ_CHECKPOINT_DIR = Path(_checkpoint_dir or VAR_DIR / "checkpoints")
+# This host's name in the cluster: its workers are gpu<N>@<CLOCKQ_HOST>, control@<CLOCKQ_HOST>, ...
+# Two hosts must not share one (a worker refuses to start while a live one holds its name).
+CLOCKQ_HOST = (env_str("CLOCKQ_HOST") or "").strip() or socket.gethostname()
+if _problem := host_name_problem(CLOCKQ_HOST):
+    raise ImproperlyConfigured(f"CLOCKQ_HOST={CLOCKQ_HOST!r}: {_problem}")
+# Exactly one beat sends the periodic tasks: it holds a lock in Redis for this long and renews
+# it at each tick; a second beat waits, and takes over within this time when the first dies.
+CLOCKQ_BEAT_LOCK_S = env_float("CLOCKQ_BEAT_LOCK_S", 15.0, min_value=2.0, max_value=600.0)
 # Data that workloads prefetch ahead of their jobs (keras_train's datasets), shared by the jobs
 # of a host. Prefetching runs in `gpuworkers` every CLOCKQ_PREFETCH_EVERY_S (0: never) while the
 # control state has prefetch on, for the next CLOCKQ_PREFETCH_JOBS_PER_GPU queued jobs per GPU.
@@ -323,7 +356,7 @@ CLOCKQ_PREFETCH_EVERY_S = env_int("CLOCKQ_PREFETCH_EVERY_S", 30, min_value=0, ma
 CLOCKQ_PREFETCH_JOBS_PER_GPU = env_int("CLOCKQ_PREFETCH_JOBS_PER_GPU", 2, min_value=1, max_value=100)
 PORT = env_int("PORT", 8000, min_value=1, max_value=65535)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, min_value=1, max_value=65535)
-CLOCKQ_ADMIN_PASSWORD = env_str("CLOCKQ_ADMIN_PASSWORD")
+CLOCKQ_ADMIN_PASSWORD = env_or_file("CLOCKQ_ADMIN_PASSWORD")
 
 # A workload that raises is rolled back to its last checkpoint and retried this many times.
 CLOCKQ_MAX_RETRIES = env_int("CLOCKQ_MAX_RETRIES", 3, min_value=0, max_value=100)

@@ -190,7 +190,7 @@ class GpuWorkers(Service):
         self.env["REDIS_URL"] = redis_url
         super().start()
         client = redis.Redis.from_url(redis_url)
-        host = socket.gethostname()
+        host = self.env.get("CLOCKQ_HOST") or socket.gethostname()
         keys = [f"clockq:worker:gpu{i}@{host}" for i in range(self.gpus)]
 
         def ready():

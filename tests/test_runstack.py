@@ -58,7 +58,7 @@ def test_make_run_starts_a_predictor_worker_beside_the_control_worker(tmp_path, 
     settings.VAR_DIR = tmp_path / "var"
     settings.PORT, settings.FLOWER_PORT = free_port(), free_port()
     settings.CLOCKQ_ADMIN_PASSWORD = "not-a-real-password-123"
-    monkeypatch.setenv("REDIS_URL", settings.REDIS_URL)
+    settings.CLOCKQ_EMBEDDED_BROKER = False  # REDIS_URL set: no embedded broker
     started = {}
 
     def run_forever(self):
@@ -90,3 +90,25 @@ def test_addresses_and_host_names_are_accepted(bind):
     from clockq.management.commands.runstack import _is_address
 
     assert _is_address(bind)
+
+
+@pytest.mark.parametrize(
+    ("role", "children"),
+    [
+        ("gpu", {"gpuworkers"}),
+        ("gpu,beat", {"gpuworkers", "beat"}),
+        ("web,control,predictor", {"web", "control", "predictor"}),
+        ("flower", {"flower"}),
+    ],
+)
+def test_a_host_starts_only_its_roles_each_told_the_host_name(role, children, settings):
+    from clockq.management.commands.runstack import Command
+    from clockq.stack.preflight import parse_roles
+    from tests.harness import free_port
+
+    settings.PORT, settings.FLOWER_PORT = free_port(), free_port()
+    settings.CLOCKQ_ADMIN_PASSWORD = "not-a-real-password-123"
+    settings.CLOCKQ_EMBEDDED_BROKER = False
+    started = Command()._children(parse_roles(role), "127.0.0.1")
+    assert {child.name for child in started} == children  # no private broker: REDIS_URL is set
+    assert all(child.env["CLOCKQ_HOST"] == settings.CLOCKQ_HOST for child in started)

@@ -9,7 +9,7 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from clockq.env import env_bool, env_float, env_int, parse_gpus
+from clockq.env import env_bool, env_float, env_int, env_or_file, parse_gpus
 from tests.harness import ROOT
 
 
@@ -54,12 +54,74 @@ def test_env_helpers_refuse_bad_values(monkeypatch):
         ("CLOCKQ_SERVICE_LADDER_S", "300,x", "is not a comma list of numbers"),
         ("CLOCKQ_SERVICE_LADDER_S", "300,300", "strictly increasing"),
         ("CLOCKQ_SERVICE_LADDER_S", "0,5", "each value must be between"),
+        ("REDIS_URL", "redis://broker:99999/0", "REDIS_URL: not a valid URL"),
+        ("REDIS_URL", "redis:///0", "names no host"),
+        ("REDIS_URL", "redis://broker:6379/zero", "database number"),
+        ("DATABASE_URL", "postgres://clockq@db:5432/", "names no database"),
+        ("SECRET_KEY", "changeme", "SECRET_KEY is shorter than 32 characters"),
+        ("CLOCKQ_HOST", "gpu host", "CLOCKQ_HOST='gpu host'"),
+        ("CLOCKQ_HOST", "a@b", "CLOCKQ_HOST='a@b'"),
+        ("CLOCKQ_CHECKPOINT_DIR", "var/ckpt", "not an absolute path"),
+        ("DATABASE_URL_FILE", "/nonexistent/db-url", "DATABASE_URL_FILE='/nonexistent/db-url': cannot read it"),
+        ("CLOCKQ_BEAT_LOCK_S", "1", "CLOCKQ_BEAT_LOCK_S=1.0 is outside"),
     ],
 )
 def test_a_bad_setting_stops_startup_with_a_clear_error(name, value, message):
     env = {**os.environ, name: value}
+    if name.endswith("_FILE"):
+        env.pop(name.removesuffix("_FILE"), None)  # CI's PostgreSQL pass sets DATABASE_URL
     result = subprocess.run(
         [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and message in result.stderr
+
+
+def test_a_setting_comes_from_the_environment_or_from_the_file_its_FILE_variable_names(monkeypatch, tmp_path):
+    secret = tmp_path / "database_url"
+    secret.write_text("postgres://clockq:s3cret@db:5432/clockq\n")  # as a secret file ends
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setenv("DATABASE_URL_FILE", str(secret))
+    assert env_or_file("DATABASE_URL") == "postgres://clockq:s3cret@db:5432/clockq"
+
+    monkeypatch.setenv("DATABASE_URL", "postgres://other@db/x")
+    with pytest.raises(ImproperlyConfigured, match="both DATABASE_URL and DATABASE_URL_FILE are set"):
+        env_or_file("DATABASE_URL")
+    monkeypatch.delenv("DATABASE_URL")
+    secret.write_text("\n")
+    with pytest.raises(ImproperlyConfigured, match="the file is empty"):
+        env_or_file("DATABASE_URL")
+    secret.write_text("one\ntwo\n")
+    with pytest.raises(ImproperlyConfigured, match="more than one line") as refused:
+        env_or_file("DATABASE_URL")
+    assert "two" not in str(refused.value)  # the value (a secret) is never shown
+    monkeypatch.delenv("DATABASE_URL_FILE")
+    assert env_or_file("DATABASE_URL") is None
+
+
+def test_every_role_reads_its_settings_from_files(tmp_path):
+    files = {
+        "SECRET_KEY": "k" * 40,
+        "REDIS_URL": "redis://:pw@broker.internal:6379/2",
+        "CLOCKQ_CHECKPOINT_DIR": str(tmp_path / "shared"),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+    }
+    env = {k: v for k, v in os.environ.items() if k not in files}
+    for name, value in files.items():
+        (tmp_path / name).write_text(value + "\n")
+        env[f"{name}_FILE"] = str(tmp_path / name)
+    probe = (
+        "from django.conf import settings as s; "
+        "print(s.SECRET_KEY == 'k' * 40, s.REDIS_URL, s.CLOCKQ_CHECKPOINT_DIR, s.DATABASES['default']['NAME'], "
+        "s.CLOCKQ_EMBEDDED_BROKER)"
+    )
+    argv = [sys.executable, "manage.py", "shell", "-v", "0", "-c", probe]
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [
+        "True",
+        files["REDIS_URL"],
+        files["CLOCKQ_CHECKPOINT_DIR"],
+        str(tmp_path / "db.sqlite3"),
+        "False",
+    ]

@@ -475,3 +475,6 @@ class ForecastAdmin(_ReadOnly):
     list_display = ["at", "value", "model", "version", "latency_ms", "reason"]
     list_filter = ["model"]
     date_hierarchy = "at"
+
+
+from webapp import fleet_admin  # noqa: E402, F401  (registers the hosts and GPU workers)

@@ -18,6 +18,7 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 
 from clockq.bus import heartbeat
+from clockq.fleet import registry
 from clockq.jobs import promotion, services
 from clockq.jobs.models import Job, QueueTier
 from clockq.policy.states import JobState
@@ -320,8 +321,11 @@ def queues(request):
     try:
         workers = heartbeat.live_workers()
         degraded = heartbeat.degraded_workers()
-        for worker in workers:
-            worker["degraded"] = degraded.get(worker.get("hostname"))
     except Exception:
         workers = None
+    if workers is not None:
+        drained = registry.drained_names(w["hostname"] for w in workers if w.get("gpu") is not None)
+        for worker in workers:
+            worker["degraded"] = degraded.get(worker.get("hostname"))
+            worker["drained"] = drained.get(worker.get("hostname"))
     return Response({"tiers": tiers, "workers": workers})

@@ -1,4 +1,5 @@
-"""/healthz: 200 once the system can run jobs (database, broker and a GPU worker), else 503.
+"""/healthz: 200 once the system can run jobs (database, broker and a GPU worker that is neither
+degraded nor drained), else 503.
 
 Anyone may ask, and gets the status alone: the detail (worker names, the checkpoint folder's
 path, errors) is for staff sessions and for monitoring with the metrics token
@@ -20,6 +21,7 @@ from django.views.decorators.http import require_GET
 
 from clockq.bus import gpu_samples, heartbeat
 from clockq.bus.client import client, ping
+from clockq.fleet import registry
 from clockq.forecasting import forecasts
 from clockq.jobs.models import Job
 from clockq.jobs.quotas import KEPT_GENERATIONS
@@ -38,16 +40,19 @@ def healthz(request):
     checks["broker"] = {"ok": ping()}
     gpu_workers: list[str] = []
     degraded: dict[str, str] = {}
+    drained: dict[str, str] = {}
     if checks["broker"]["ok"]:
         try:
             gpu_workers = [w["hostname"] for w in heartbeat.live_workers() if w.get("gpu") is not None]
             degraded = heartbeat.degraded_workers()
         except Exception as exc:
             checks["broker"] = {"ok": False, "error": str(exc)[:200]}
-    # Degraded workers (their checkpoint storage fails) are alive but cannot keep work: the
-    # system can run jobs only while at least one GPU worker is not degraded.
-    healthy = [w for w in gpu_workers if w not in degraded]
-    checks["workers"] = {"ok": bool(healthy), "gpu_workers": gpu_workers, "degraded": degraded}
+    if checks["database"]["ok"] and gpu_workers:
+        drained = registry.drained_names(gpu_workers)
+    # Degraded workers (their checkpoint storage fails) are alive but cannot keep work, and
+    # drained ones take none: the system can run jobs only while a GPU worker is neither.
+    healthy = [w for w in gpu_workers if w not in degraded and w not in drained]
+    checks["workers"] = {"ok": bool(healthy), "gpu_workers": gpu_workers, "degraded": degraded, "drained": drained}
     ok = all(c["ok"] for c in checks.values())
     status = 200 if ok else 503
     if not (request.user.is_staff or bears_metrics_token(request)):

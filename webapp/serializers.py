@@ -296,7 +296,8 @@ class QueuesSerializer(serializers.Serializer):
     workers = serializers.ListField(
         child=serializers.DictField(),
         allow_null=True,
-        help_text="The live workers' latest heartbeats, each with `degraded` (why, or null); "
+        help_text="The live workers' latest heartbeats, each with `degraded` (why, or null), `drained` (by "
+        "whom, when and why, or null) and, for a GPU worker, `consuming` (whether it takes jobs now); "
         "null when the broker cannot be read.",
     )
 

@@ -4,7 +4,7 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
-from webapp import api, dashboard, gpus_api, health, kpis_api, results_api, tokens, views
+from webapp import api, dashboard, fleet_api, gpus_api, health, kpis_api, results_api, tokens, views
 from webapp.metrics import metrics
 
 
@@ -38,6 +38,13 @@ urlpatterns = [
     path("api/queues", api.queues, name="api-queues"),
     path("api/gpus", gpus_api.gpus, name="api-gpus"),
     path("api/kpis", kpis_api.kpis, name="api-kpis"),
+    path("api/hosts", fleet_api.hosts, name="api-hosts"),
+    path("api/hosts/<str:host>", fleet_api.host_detail, name="api-host"),
+    path("api/hosts/<str:host>/drain", fleet_api.host_drain, name="api-host-drain"),
+    path("api/hosts/<str:host>/resume", fleet_api.host_resume, name="api-host-resume"),
+    path("api/workers/<str:name>", fleet_api.worker_detail, name="api-worker"),
+    path("api/workers/<str:name>/drain", fleet_api.worker_drain, name="api-worker-drain"),
+    path("api/workers/<str:name>/resume", fleet_api.worker_resume, name="api-worker-resume"),
     # The OpenAPI schema is public, so that clients can discover the API: it describes the
     # endpoints and bodies and holds no secrets (no data, no tokens). Without authentication
     # classes a stale token sent along does not turn it into a 401. YAML by default; JSON with

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any, Protocol
 
 import psutil
 import pynvml
+from django.conf import settings
 
 from clockq.bus.gpu_samples import MAX_ERROR_CHARS, GpuSample
 from clockq.ratelimit import RateLimitedWarnings
@@ -36,8 +36,6 @@ log = logging.getLogger("clockq.telemetry")
 
 NVML_RETRY_S = 60.0  # how often a failed nvmlInit / handle lookup is tried again
 MIB = 2**20
-
-HOSTNAME = socket.gethostname()
 
 
 def _host_load() -> tuple[float | None, float | None]:
@@ -164,7 +162,7 @@ class NvmlProbe:
         if error:
             self.warnings.warn(f"GPU {self.gpu_index} telemetry: {error}")
         return GpuSample(
-            host=HOSTNAME,
+            host=settings.CLOCKQ_HOST,
             gpu_index=self.gpu_index,
             ts=ts,
             simulated=False,
@@ -259,7 +257,7 @@ class SimulatedProbe:
         u = util or 0.0
         host_cpu, host_mem = _host_load()
         return GpuSample(
-            host=HOSTNAME,
+            host=settings.CLOCKQ_HOST,
             gpu_index=self.gpu_index,
             ts=time.time(),
             simulated=True,

@@ -24,6 +24,7 @@ from clockq.jobs.results import ResultStore
 from clockq.policy.slicing import switch_cost_ewma
 from clockq.policy.tiers import row_problems
 from workers import shutdown
+from workers.drain import DrainFlag
 from workers.lease import LeaseKeeper
 from workers.persister import Marks, Persist, Persister, SnapshotMemory
 from workers.probes import NvmlProbe, SimulatedProbe, make_probe
@@ -280,6 +281,10 @@ class Runtime:
     @cached_property
     def interrupts(self) -> signals.Interrupts:
         return signals.interrupts()
+
+    @cached_property
+    def drain(self) -> DrainFlag:
+        return DrainFlag(self.identity.hostname, self.interrupts)
 
     @cached_property
     def boundary_reader(self) -> ThreadPoolExecutor:

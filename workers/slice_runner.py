@@ -23,7 +23,7 @@ from clockq.policy.slicing import BoundaryAction, SliceOutcome, ewma
 from clockq.policy.states import JobState
 from workers.run.boundary import SliceBoundary
 from workers.run.checkpointer import Checkpointer
-from workers.run.claim import ClaimedJob, claim_job
+from workers.run.claim import ClaimedJob, claim_job, give_back
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
 from workers.run.failures import SliceFailures
 from workers.run.metrics_recorder import MetricsRecorder
@@ -53,6 +53,12 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
     """Handle one dispatch message."""
     # Listen before claiming, so that no signal sent once the job is running is missed.
     signals.wait_until_listening(LISTEN_TIMEOUT_S)
+    if runtime.drain.drained():
+        # Drained a moment ago, and the main process still took a message: it goes back to its
+        # queue for a GPU that is not drained (workers/drain.py).
+        give_back(job_id, token, runtime)
+        runtime.drain.ask_main_process()
+        return RunOutcome.DRAINED
     job = claim_job(job_id, token, runtime)
     if job is None:
         return RunOutcome.STALE

@@ -11,7 +11,7 @@ from celery.signals import worker_process_shutdown, worker_ready
 from clockq.bus import gpu_samples, heartbeat
 from clockq.bus.client import client
 from clockq.bus.dispatch import RUN_SLICE_TASK
-from workers import runtime, shutdown
+from workers import drain, runtime, shutdown
 from workers.probes import make_probe
 from workers.slice_runner import RunOutcome, run_dispatch
 
@@ -34,11 +34,16 @@ def _start_heartbeat(sender=None, **_kwargs) -> None:
     identity = runtime.WorkerIdentity.from_env(hostname)
     if identity.gpu_index < 0:  # not a GPU worker: its own role announces it
         return
+    drain.apply_at_start(sender)  # before the event loop takes its first message
+    watch = drain.DrainWatch(sender)
     probe = make_probe(identity.gpu_index, identity.simulated, identity.memory_total_mib)
-    # The pool process publishes while a slice runs; the parent fills in while idle.
-    heartbeat.start(
-        hostname, identity.gpu_index, lambda: gpu_samples.publish(client(), probe.sample(), only_if_absent=True)
-    )
+
+    def on_beat() -> None:
+        # The pool process publishes while a slice runs; the parent fills in while idle.
+        gpu_samples.publish(client(), probe.sample(), only_if_absent=True)
+        watch.check()
+
+    heartbeat.start(hostname, identity.gpu_index, on_beat, status=watch.status)
 
 
 PERSIST_FLUSH_TIMEOUT_S = 120.0

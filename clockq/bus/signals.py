@@ -10,6 +10,8 @@ loop checks the flags at every step (a few hundred nanoseconds):
   leaves its GPU only if so: the policy, not the first worker to hear, names the victim.
 - `job <id>`: an operator changed a job (cancel, hold, requeue). The worker running it ends its
   slice at the next step and reads the job row.
+- `fleet`: an operator drained or resumed a GPU or a host. Each worker process reads its drain
+  again before its next claim (workers/drain.py).
 
 Pub/sub is fire-and-forget: a lost message only means the ordinary slice boundary notices the
 same thing a little later. Correctness never depends on it.
@@ -39,6 +41,10 @@ def announce_job_changed(client: redis.Redis, job_id: int) -> None:
     _publish(client, {"kind": "job", "job": int(job_id)})
 
 
+def announce_fleet_changed(client: redis.Redis) -> None:
+    _publish(client, {"kind": "fleet"})
+
+
 def _publish(client: redis.Redis, message: dict) -> None:
     try:
         client.publish(CHANNEL, json.dumps(message))
@@ -55,6 +61,8 @@ class Interrupts:
         self._urgent_rank: int | None = None  # the most urgent tier announced since
         self._poked: set[int] = set()
         self._lock = threading.Lock()
+        # Set when a drain or resume was announced: the worker reads its drain again.
+        self.fleet_changed = threading.Event()
 
     def heard_urgent(self, rank: int) -> None:
         with self._lock:
@@ -96,6 +104,8 @@ class Interrupts:
                 self.heard_urgent(int(message["rank"]))
             elif message.get("kind") == "job":
                 self.poke(int(message["job"]))
+            elif message.get("kind") == "fleet":
+                self.fleet_changed.set()
         except (ValueError, TypeError, KeyError, AttributeError):
             log.warning("ignoring malformed signal %r", raw[:200] if isinstance(raw, bytes | str) else raw)
 
@@ -125,6 +135,8 @@ class Listener:
                         self.interrupts.handle(message["data"])
                     elif kind == "subscribe":
                         self.subscribed.set()
+                        # A drain announced while this was not listening would be missed.
+                        self.interrupts.fleet_changed.set()
             except Exception as exc:  # keep listening whatever happens; signals are best effort
                 self.subscribed.clear()
                 log.warning("signal listener lost its connection (%s); reconnecting", exc)

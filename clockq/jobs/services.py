@@ -157,11 +157,12 @@ def release_job(job: Job, actor: str) -> Job:
     return _or_refuse(done, job, "release")
 
 
-def requeue_job(job: Job, actor: str) -> Job:
+def requeue_job(job: Job, actor: str, why: str = "") -> Job:
     """Send a job back to its queue: a running one yields at its next boundary; one that
-    failed, was cancelled or timed out resumes from its last checkpoint with a clean slate."""
+    failed, was cancelled or timed out resumes from its last checkpoint with a clean slate.
+    `why` goes into the running job's history (a drain says which GPU and who)."""
     if job.state == S.RUNNING:
-        return _set_pending(job, PendingAction.REQUEUE, actor)
+        return _set_pending(job, PendingAction.REQUEUE, actor, why)
     if job.state == S.HELD:
         return release_job(job, actor)
     done = transition(
@@ -176,7 +177,7 @@ def requeue_job(job: Job, actor: str) -> Job:
     return _or_refuse(done, job, "requeue")
 
 
-def _set_pending(job: Job, action: PendingAction, actor: str) -> Job:
+def _set_pending(job: Job, action: PendingAction, actor: str, why: str = "") -> Job:
     updated = Job.objects.filter(pk=job.pk, state=S.RUNNING, pending_action=PendingAction.NONE).update(
         pending_action=action
     )
@@ -186,7 +187,7 @@ def _set_pending(job: Job, action: PendingAction, actor: str) -> Job:
         job_id=job.pk,
         from_state=S.RUNNING,
         to_state=S.RUNNING,
-        reason=f"{action} requested; takes effect at the next step",
+        reason=f"{action} requested{f' ({why})' if why else ''}; takes effect at the next step"[:2000],
         actor=actor,
     )
     _tell_worker(job.pk)

@@ -6,7 +6,6 @@ the clients (webapp, workers, control, predictor) without reaching into them.
 
 from __future__ import annotations
 
-import socket
 import sys
 
 from django.conf import settings
@@ -17,7 +16,7 @@ from clockq.policy.tiers import QUEUES_IN_ORDER
 def celery_worker_argv(name: str, host: str | None, queues: str, pool: str, loglevel: str) -> list[str]:
     return [
         *(sys.executable, "-m", "celery", "-A", "clockq", "worker"),
-        *("--hostname", f"{name}@{host or socket.gethostname()}"),
+        *("--hostname", f"{name}@{host or settings.CLOCKQ_HOST}"),
         *("--queues", queues, "--concurrency", "1", "--pool", pool, "--loglevel", loglevel),
         # Mingle and gossip sync state between workers at start; clockq keeps state in the
         # database, and skipping them saves seconds on every (re)start.
@@ -61,7 +60,7 @@ def beat_argv(loglevel: str = "INFO") -> list[str]:
     edit it in the admin."""
     return [
         *(sys.executable, "-m", "celery", "-A", "clockq", "beat", "--loglevel", loglevel),
-        *("--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"),
+        *("--scheduler", "control.beat:LockedDatabaseScheduler"),
     ]
 
 

@@ -34,6 +34,13 @@ OPERATIONS = [
     ("GET", "/api/queues", False),
     ("GET", "/api/gpus", False),
     ("GET", "/api/kpis", True),
+    ("GET", "/api/hosts", False),
+    ("GET", "/api/hosts/{host}", True),
+    ("POST", "/api/hosts/{host}/drain", True),
+    ("POST", "/api/hosts/{host}/resume", True),
+    ("GET", "/api/workers/{name}", True),
+    ("POST", "/api/workers/{name}/drain", True),
+    ("POST", "/api/workers/{name}/resume", True),
 ]
 # Requests tried first, besides the generated ones: edges that random generation rarely hits.
 EDGE_BODIES = {

@@ -37,7 +37,7 @@ def test_healthz_is_503_without_gpu_workers(client):
     body = response.json()
     assert response.status_code == 503
     assert body["checks"]["database"]["ok"] and body["checks"]["broker"]["ok"]
-    assert body["checks"]["workers"] == {"ok": False, "gpu_workers": [], "degraded": {}}
+    assert body["checks"]["workers"] == {"ok": False, "gpu_workers": [], "degraded": {}, "drained": {}}
 
 
 @pytest.mark.integration

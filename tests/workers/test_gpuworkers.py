@@ -6,12 +6,14 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from clockq.bus.client import client
 from clockq.stack.roles import gpu_worker_argv
-from tests.harness import wait_for
+from tests.harness import ROOT, wait_for
 from workers.gpus import Gpu, gpu_worker_env
 
 pytestmark = pytest.mark.integration
@@ -44,3 +46,28 @@ def test_a_worker_killed_with_sigkill_is_restarted(start_workers):
     assert restarted["gpu"] == 1
     assert restarted["pid"] in workers.worker_pids()
     assert _heartbeat(0)["pid"] == bystander  # the other GPU's worker was left alone
+
+
+def test_a_second_host_with_the_same_name_refuses_to_start_while_the_first_is_live(start_workers, tmp_path):
+    # Given a host "twin" whose GPU worker is live
+    first = start_workers(gpus=1, CLOCKQ_HOST="twin")
+
+    # When another host calls itself "twin" too
+    second = subprocess.run(
+        [sys.executable, "manage.py", "gpuworkers"],
+        cwd=ROOT,
+        env={**first.env, "CLOCKQ_HOST": "twin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    # Then it refuses to start, saying who holds the name, and the first keeps running
+    assert second.returncode != 0
+    assert "gpu0@twin is held by a live worker" in second.stderr and "CLOCKQ_HOST" in second.stderr
+    first.check_alive()
+    assert _heartbeat_of("gpu0@twin")["pid"] in first.worker_pids()
+
+
+def _heartbeat_of(name: str) -> dict:
+    return json.loads(client().get(f"clockq:worker:{name}"))

@@ -101,6 +101,13 @@ def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
     return _claim_row(row, runtime)
 
 
+def give_back(job_id: int, token: str, runtime: Runtime) -> None:
+    """Put a message this worker will not act on back in its queue, if its job still waits on it."""
+    row = _queued_row(job_id, token)
+    if row is not None:
+        _send_again(job_id, token, runtime.tiers.get(row["tier_id"]).queue_name)
+
+
 def _queued_row(job_id: int, token: str) -> dict[str, Any] | None:
     row = hot_sql.select_one(Job, job_id, (*ClaimedJob.FIELDS, *_CLAIM_ONLY_FIELDS))
     if row is None or row["state"] != JobState.QUEUED or row["dispatch_token"] != token:

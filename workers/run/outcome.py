@@ -10,6 +10,7 @@ class RunOutcome(StrEnum):
 
     MALFORMED = "malformed"  # not a (job id, token) pair; dropped
     STALE = "stale"  # the job is not queued with this token, or cannot run here now
+    DRAINED = "drained"  # this worker is drained: the message went back to its queue
     SUCCEEDED = "succeeded"
     YIELDED = "yielded"  # checkpointed and back in its queue
     HELD = "held"

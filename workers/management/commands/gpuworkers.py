@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import logging
+import time
 
+import redis
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from clockq.bus import names
+from clockq.bus.client import client
+from clockq.fleet import registry
 from clockq.stack.roles import gpu_worker_argv
 from clockq.stack.supervisor import Child, Supervisor
 from workers import sandbox
@@ -15,6 +20,8 @@ from workers.prefetch import Prefetcher
 from workers.workloads.base import JobRefused
 
 log = logging.getLogger("clockq.gpuworkers")
+
+BROKER_WAIT_S = 60.0
 
 
 class Command(BaseCommand):
@@ -35,14 +42,47 @@ class Command(BaseCommand):
             kind = "simulated" if gpu.simulated else "NVML"
             self.stdout.write(f"GPU {gpu.index}: {gpu.name} ({gpu.memory_total_mib} MiB, {kind})")
         self.stdout.write(self._how_commands_run())
+        worker_names = {g.index: f"gpu{g.index}@{settings.CLOCKQ_HOST}" for g in gpus}
+        instance = self._claim_names(list(worker_names.values()))
+        registry.register_gpu_workers(settings.CLOCKQ_HOST, [(name, i) for i, name in worker_names.items()])
+        keeper = names.Keeper(client, list(worker_names.values()), instance).start()
         children = [
-            Child(f"gpu{g.index}", gpu_worker_argv(g.index, loglevel=loglevel), gpu_worker_env(g)) for g in gpus
+            Child(
+                f"gpu{g.index}",
+                gpu_worker_argv(g.index, loglevel=loglevel),
+                {**gpu_worker_env(g), names.INSTANCE_ENV: instance},
+            )
+            for g in gpus
         ]
         if settings.CLOCKQ_PREFETCH_EVERY_S:
             Prefetcher(
                 gpus, settings.CLOCKQ_CACHE_DIR, settings.CLOCKQ_PREFETCH_EVERY_S, settings.CLOCKQ_PREFETCH_JOBS_PER_GPU
             ).start()
-        raise SystemExit(Supervisor(children, stop_grace_s=stop_grace).run_forever())
+        try:
+            code = Supervisor(children, stop_grace_s=stop_grace).run_forever()
+        finally:
+            keeper.stop()
+        raise SystemExit(code)
+
+    def _claim_names(self, worker_names: list[str]) -> str:
+        """Hold this host's worker names (clockq/bus/names.py), or refuse to start: a live worker
+        elsewhere has one."""
+        instance = names.new_instance()
+
+        def on_wait(name: str, holder: str) -> None:
+            self.stdout.write(f"{name} is held by {holder}; waiting up to {names.TTL_S} s to see if it is alive")
+
+        deadline = time.monotonic() + BROKER_WAIT_S  # `make run` starts its broker beside this
+        while True:
+            try:
+                names.claim(client(), worker_names, instance, on_wait=on_wait)
+                return instance
+            except names.NameTaken as exc:
+                raise CommandError(str(exc)) from None
+            except redis.RedisError as exc:
+                if time.monotonic() > deadline:
+                    raise CommandError(f"cannot reach the broker (REDIS_URL) to claim {worker_names}: {exc}") from None
+            time.sleep(0.5)
 
     @staticmethod
     def _how_commands_run() -> str:
