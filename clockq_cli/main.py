@@ -9,6 +9,7 @@ import sys
 import click
 
 from clockq_cli.cmd_cluster import gpus, queues
+from clockq_cli.cmd_fleet import drain, hosts, resume
 from clockq_cli.cmd_jobs import cancel, jobs, submit
 from clockq_cli.cmd_login import login, logout
 from clockq_cli.cmd_show import result, show
@@ -26,7 +27,7 @@ def cli() -> None:
     """Operate a clockq GPU job queue over its HTTP API."""
 
 
-for command in (login, logout, submit, jobs, show, cancel, result, queues, gpus):
+for command in (login, logout, submit, jobs, show, cancel, result, queues, gpus, hosts, drain, resume):
     cli.add_command(command)
 
 

@@ -256,7 +256,7 @@ def queues_tables(answer: dict[str, Any]) -> Group:
 
 def workers_table(workers: list[dict[str, Any]]) -> Table:
     table = Table(title=f"live workers ({len(workers)})", title_justify="left", box=None, header_style="bold")
-    for name in ("WORKER", "GPU", "HOST", "UP SINCE", "DEGRADED"):
+    for name in ("WORKER", "GPU", "HOST", "UP SINCE", "DRAINED", "DEGRADED"):
         table.add_column(name, overflow="fold")
     for w in sorted(workers, key=lambda w: str(w.get("hostname"))):
         started = w.get("started")
@@ -265,7 +265,51 @@ def workers_table(workers: list[dict[str, Any]]) -> Table:
             "-" if w.get("gpu") is None else str(w["gpu"]),
             str(w.get("host", "")),
             when(datetime.fromtimestamp(started).isoformat()) if isinstance(started, int | float) else "-",
+            Text(w["drained"] if isinstance(w.get("drained"), str) else "drained", style="yellow")
+            if w.get("drained")
+            else "",
             Text(str(w["degraded"]), style="red") if w.get("degraded") else "",
+        )
+    return table
+
+
+def _drain(item: dict[str, Any]) -> Text | str:
+    if not item.get("drained"):
+        return ""
+    by, reason = item.get("drained_by") or "?", item.get("drain_reason")
+    return Text(f"by {by}" + (f": {reason}" if reason else ""), style="yellow")
+
+
+def hosts_table(hosts: list[dict[str, Any]]) -> Group:
+    """Each host with its drain, then every GPU worker of theirs."""
+    table = Table(title=f"hosts ({len(hosts)})", title_justify="left", box=None, header_style="bold")
+    for name in ("HOST", "LIVE", "ROLES", "RUNNING", "DRAINED"):
+        table.add_column(name, overflow="fold")
+    workers: list[dict[str, Any]] = []
+    for h in sorted(hosts, key=lambda h: str(h.get("name"))):
+        table.add_row(
+            str(h.get("name")),
+            "yes" if h.get("live") else Text("no", style="red"),
+            ",".join(h.get("roles") or []),
+            str(len(h.get("running_jobs") or [])),
+            _drain(h),
+        )
+        workers += h.get("workers") or []
+    return Group(table, Text(""), fleet_workers_table(workers))
+
+
+def fleet_workers_table(workers: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"GPU workers ({len(workers)})", title_justify="left", box=None, header_style="bold")
+    for name in ("WORKER", "LIVE", "TAKING JOBS", "RUNNING", "DRAINED"):
+        table.add_column(name, overflow="fold")
+    for w in sorted(workers, key=lambda w: str(w.get("name"))):
+        consuming = w.get("consuming")
+        table.add_row(
+            str(w.get("name")),
+            "?" if w.get("live") is None else ("yes" if w["live"] else Text("no", style="red")),
+            "-" if consuming is None else ("yes" if consuming else "no"),
+            ",".join(str(j) for j in w.get("running_jobs") or []) or "-",
+            _drain(w),
         )
     return table
 
