@@ -15,11 +15,14 @@ from _harness import percentile
 KEEPS_UP_SHARE = 0.95  # of the offered boundaries per second
 LAG_SHARE = 0.1  # how late, as a share of the slice, a driver may start a GPU's actions and keep up
 SATURATED = 0.9  # of a resource's capacity
+LOCKED_SHARE = 0.25  # of the drivers' connections waiting for a row lock, on average
 GOAL_PER_S = 2000
 TOP = 8
 
 
-def summarise(phase, drivers: list[dict], w: Window, control: dict) -> dict:
+def summarise(
+    phase, drivers: list[dict], w: Window, control: dict, activity: list[tuple[int, int]], connections: int
+) -> dict:
     values: dict[str, list[float]] = {}
     counts: Counter[str] = Counter()
     errors: Counter[str] = Counter()
@@ -57,6 +60,10 @@ def summarise(phase, drivers: list[dict], w: Window, control: dict) -> dict:
             "machine_cores": w.cores,
         },
         "driver_processes": len(drivers),
+        "connections": connections,  # the drivers' threads, one database connection each
+        # Connections running a statement, and waiting for a row lock, on average over the window.
+        "pg_active": sum(a for a, _ in activity) / len(activity) if activity else math.nan,
+        "pg_lock_waits": sum(w for _, w in activity) / len(activity) if activity else math.nan,
         "per_boundary": _per_boundary(w, driver_cpu, boundaries),
         "redis_top": sorted(
             ([cmd, n / w.seconds, u / n] for cmd, (n, u) in w.redis_calls.items()), key=lambda c: -c[1] * c[2]
@@ -108,6 +115,8 @@ def verdict(phase: dict) -> str:
         limits.append(f"this machine's {cpu['machine_cores']} cores")
     if cpu["drivers"] >= SATURATED * phase["driver_processes"]:
         limits.append(f"the drivers' GIL ({cpu['drivers']:.2f} cores in {phase['driver_processes']} process(es))")
+    if phase["pg_lock_waits"] >= LOCKED_SHARE * phase["connections"]:
+        limits.append(f"row locks ({phase['pg_lock_waits']:.1f} of {phase['connections']} connections waiting for one)")
     return "saturated: " + ("; ".join(limits) or "nothing at its limit (latency: more --threads?)")
 
 
@@ -144,7 +153,7 @@ def print_report(result: dict) -> None:
     _print_throughput(cadence, base)
     print("\nWhat a boundary costs, in ms of a core (a yield with the next claim, when every boundary switches):\n")
     _print_costs([*cadence[:1], *cost] if cost else cadence, base)
-    _print_goal(cost[-1] if cost else cadence[-1], args)
+    _print_goal(cost[-1] if cost else cadence[-1], args, result.get("freed_view", []))
     _print_freed(result.get("freed_view", []))
     for p in {id(p): p for p in (cadence[-1], cost[-1] if cost else cadence[-1])}.values():
         _print_details(p)
@@ -158,9 +167,9 @@ def _print_throughput(phases: list[dict], base: dict) -> None:
     print(
         "| GPUs | boundaries/s (offered) | claim p50 / p99 ms (p99 / baseline's) | boundary read p50 / p99 ms "
         "| yield write p50 / p99 ms | driver lag p99 ms | CPU cores: drivers / PostgreSQL / Redis / other "
-        "processes / machine busy | load (1 min) | verdict |"
+        "processes / machine busy | connections running / waiting for a lock | load (1 min) | verdict |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for p in phases:
         lat, cpu = p["latency_ms"], p["cpu_cores"]
         claim_p99 = lat.get("claim", {}).get("p99", math.nan)
@@ -169,7 +178,8 @@ def _print_throughput(phases: list[dict], base: dict) -> None:
             f"| {_ms(lat, 'claim')} ({claim_p99 / base_p99:.1f}x) | {_ms(lat, 'read')} | {_ms(lat, 'yield')} "
             f"| {lat.get('lag', {}).get('p99', math.nan):,.0f} "
             f"| {cpu['drivers']:.2f} / {cpu['postgres']:.2f} / {cpu['redis']:.2f} / {cpu['other']:.2f} / "
-            f"{cpu['machine_busy']:.2f} of {cpu['machine_cores']} | {p['load_average'][0]:.2f} | {verdict(p)} |"
+            f"{cpu['machine_busy']:.2f} of {cpu['machine_cores']} | {p['pg_active']:.1f} / {p['pg_lock_waits']:.1f} "
+            f"| {p['load_average'][0]:.2f} | {verdict(p)} |"
         )
 
 
@@ -194,16 +204,23 @@ def _print_costs(phases: list[dict], base: dict) -> None:
         )
 
 
-def _print_goal(p: dict, args: dict) -> None:
+def _print_goal(p: dict, args: dict, freed: list[dict]) -> None:
+    """What GOAL_PER_S boundaries would take of each part at this phase's costs per boundary. A
+    stretched phase's freed-GPU set is smaller than the cadence's (every GPU in it): the read of
+    a full one, measured apart, is added to Redis's part."""
     b = p.get("per_boundary")
     if not b:
         return
+    rows = {row["members"]: row["eval_usec"] for row in freed}
+    extra_usec = rows[p["gpus"]] - rows[min(rows)] if p["gpus"] in rows else 0.0
+    redis_ms = b["redis_cpu_ms"] + extra_usec / 1000
     print(
         f"\nAt {p['gpus']:,} GPUs, {GOAL_PER_S:,} boundaries/s would take, at these costs: PostgreSQL "
-        f"{GOAL_PER_S * b['postgres_cpu_ms'] / 1000:.1f} cores; Redis {GOAL_PER_S * b['redis_cpu_ms'] / 10:.0f} % "
-        f"of its one thread; the GPU workers' own Python {GOAL_PER_S * b['driver_cpu_ms'] / 1000:.1f} cores "
-        f"in all, spread over their hosts ({b['driver_cpu_ms'] / args['slice_s'] / 10:.1f} % of a core "
-        f"per GPU switching every {args['slice_s']:g} s)."
+        f"{GOAL_PER_S * b['postgres_cpu_ms'] / 1000:.1f} cores; Redis {GOAL_PER_S * redis_ms / 10:.0f} % of its "
+        f"one thread ({b['redis_cpu_ms']:.3f} ms a boundary, and {extra_usec:.0f} usec more for a freed-GPU set of "
+        f"{p['gpus']:,}); the GPU workers' own Python {GOAL_PER_S * b['driver_cpu_ms'] / 1000:.1f} cores in all, "
+        f"spread over their hosts ({b['driver_cpu_ms'] / args['slice_s'] / 10:.1f} % of a core per GPU switching "
+        f"every {args['slice_s']:g} s)."
     )
 
 

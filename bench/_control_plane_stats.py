@@ -141,3 +141,14 @@ def postmaster_pid(cursor) -> int:
     if fields is None:
         raise RuntimeError("cannot read the PostgreSQL backend's /proc entry (is the server on this machine?)")
     return int(fields[1])
+
+
+def pg_activity(cursor) -> tuple[int, int]:
+    """(backends running a statement, those of them waiting for a lock) right now."""
+    cursor.execute(
+        "SELECT count(*) FILTER (WHERE state = 'active'), "
+        "count(*) FILTER (WHERE state = 'active' AND wait_event_type = 'Lock') "
+        "FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+    )
+    active, waiting = cursor.fetchone()
+    return int(active), int(waiting)

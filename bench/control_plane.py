@@ -95,8 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--cost-rate",
         type=float,
-        default=50.0,
-        help="boundaries/s of the cost phases, where this machine keeps up (default 50; 0: none)",
+        default=25.0,
+        help="boundaries/s of the cost phases, where this machine keeps up (default 25; 0: none)",
     )
     p.add_argument(
         "--min-claims",
@@ -161,6 +161,7 @@ class Phase:
     dilation: float = 1.0  # every timer of the fleet and the control role this many times slower
 
 
+ACTIVITY_EVERY_S = 0.25  # how often pg_stat_activity is sampled during the window
 MAX_MEASURE_S = 60.0  # how long a small fleet may be measured to see --min-claims claims
 
 
@@ -276,6 +277,10 @@ def run_phase(phase: Phase, args: argparse.Namespace, q: h.PrivateClockq, users:
         with connection.cursor() as cursor:
             _sleep_until(window[0])
             before = stats.snapshot(client(), cursor, postmaster)
+            activity = []  # how many connections run a statement, and how many wait for a lock
+            while time.time() < window[1] - ACTIVITY_EVERY_S:
+                activity.append(stats.pg_activity(cursor))
+                time.sleep(ACTIVITY_EVERY_S)
             _sleep_until(window[1])
             after = stats.snapshot(client(), cursor, postmaster)
         control.join()
@@ -283,7 +288,8 @@ def run_phase(phase: Phase, args: argparse.Namespace, q: h.PrivateClockq, users:
     finally:
         for driver in drivers:
             driver.stop(grace_s=5)
-    return report.summarise(phase, results, stats.between(before, after), control.samples)
+    connections = min(args.procs, phase.gpus) * args.threads
+    return report.summarise(phase, results, stats.between(before, after), control.samples, activity, connections)
 
 
 def start_drivers(phase: Phase, args: argparse.Namespace, q: h.PrivateClockq, work: Path) -> list[h.Service]:
