@@ -1,6 +1,7 @@
 """bench/control_plane.py, run small so that it does not rot: its own PostgreSQL and Redis, two
 and eight simulated GPUs for a few seconds each at the cadence, and the eight again with their
-timers stretched (a cost phase). The figures must be sane, not fast: no time is judged here."""
+timers stretched (a cost phase), from two driver processes. The figures must be sane, not fast:
+no time is judged here."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.skipif(
 def run(tmp_path_factory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("control-plane") / "result.json"
     argv = [sys.executable, "bench/control_plane.py", "--gpus", "2", "8", "--warmup-s", "1", "--measure-s", "3"]
-    argv += ["--cost-rate", "8", "--min-claims", "0", "--threads", "4", "--json", str(out)]
+    # Two driver processes, as a bigger machine runs more: their figures are added up.
+    argv += ["--cost-rate", "8", "--min-claims", "0", "--procs", "2", "--threads", "4", "--json", str(out)]
     # The timeout only keeps a hung bench from hanging the suite; no figure depends on time.
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -38,6 +40,7 @@ def test_it_runs_each_size_at_the_cadence_then_the_larger_one_stretched(run):
     assert phases == [("cadence", 2), ("cadence", 8), ("cost", 8)]
     cost = result["phases"][2]
     assert cost["slice_s"] == pytest.approx(1.0)  # 8 GPUs offer 8 boundaries/s, as --cost-rate asked
+    assert all(p["driver_processes"] == 2 for p in result["phases"])
 
 
 def test_every_phase_switches_jobs_through_real_claims_and_boundaries_without_errors(run):
