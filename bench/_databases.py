@@ -20,8 +20,10 @@ DATABASES = ("sqlite", "postgres")
 
 
 @contextlib.contextmanager
-def postgres_cluster() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster, made and started as .ci/run does; its database URL."""
+def postgres_cluster(extra_options: str = "") -> Iterator[str]:
+    """A throwaway PostgreSQL cluster, made and started as .ci/run does; its database URL.
+    `extra_options` go on the server's command line after the usual ones (`-c name=value ...`),
+    so they may override them."""
     as_pg: list[str] = []
     if os.geteuid() == 0:  # initdb refuses to run as root
         user = "postgres" if shutil.which("runuser") and _user_exists("postgres") else "nobody"
@@ -37,6 +39,7 @@ def postgres_cluster() -> Iterator[str]:
             [*as_pg, "initdb", "-D", str(data), "-A", "trust", "-U", "clockq"], check=True, capture_output=True
         )
         options = f"-p {port} -k {pgdir} -c listen_addresses=127.0.0.1 -c fsync=off -c shared_buffers=512MB"
+        options += f" {extra_options}" if extra_options else ""
         subprocess.run(
             [*as_pg, "pg_ctl", "-D", str(data), "-l", str(pgdir / "log"), "-w", "start", "-o", options],
             check=True,
