@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # GPU hosts: make run REQUIREMENTS=requirements-gpu.txt (CUDA build of TensorFlow).
 REQUIREMENTS ?= requirements.txt
 
-.PHONY: run demo test test-all browser sandbox prometheus lint docs format bench clean
+.PHONY: run demo test test-all browser sandbox prometheus compose lint docs format bench clean
 
 # The last install puts the `clockq` command (pyproject.toml's [project.scripts]) in .venv/bin,
 # editable: it runs this checkout's clockq_cli/, so an edit needs no reinstall.
@@ -58,10 +58,15 @@ sandbox:
 prometheus:
 	$(call apt_need,/usr/bin/promtool,prometheus,the Prometheus tests will be skipped)
 
-test: $(STAMP) browser sandbox prometheus
+# compose/compose.yaml is checked with Debian's docker-compose (`config`; no Docker engine is needed or
+# started) in tests/compose/test_compose_file.py.
+compose:
+	$(call apt_need,/usr/bin/docker-compose,docker-compose,the docker-compose check of compose/compose.yaml will be skipped)
+
+test: $(STAMP) browser sandbox prometheus compose
 	$(PY) -m pytest -m "not slow"
 
-test-all: $(STAMP) browser sandbox prometheus
+test-all: $(STAMP) browser sandbox prometheus compose
 	$(PY) -m pytest
 
 # The layer contracts (pyproject.toml, [tool.importlinter]), ruff, mypy on the core, the GPU

@@ -341,10 +341,12 @@ def test_the_autoscaler_examples_query_the_gauge_we_serve():
 
     from tests.harness import ROOT
 
-    keda = yaml.safe_load((ROOT / "compose/autoscaling/keda-scaledobject.yaml").read_text())
+    autoscaling = ROOT / "compose/kubernetes/autoscaling"
+    keda = yaml.safe_load((autoscaling / "keda-scaledobject.yaml").read_text())
     [trigger] = keda["spec"]["triggers"]
     assert trigger["type"] == "prometheus" and "clockq_desired_gpu_workers" in trigger["metadata"]["query"]
     assert trigger["metadata"]["ignoreNullValues"] == "false"
-    adapter, hpa = yaml.safe_load_all((ROOT / "compose/autoscaling/hpa-prometheus-adapter.yaml").read_text())
+    adapter = yaml.safe_load((autoscaling / "prometheus-adapter-values.yaml").read_text())
+    hpa = yaml.safe_load((autoscaling / "hpa.yaml").read_text())
     assert adapter["rules"]["external"][0]["name"]["as"] == "clockq_desired_gpu_workers"
     assert hpa["spec"]["metrics"][0]["external"]["metric"]["name"] == "clockq_desired_gpu_workers"
