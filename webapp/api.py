@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.contrib.knox_auth_token import KnoxTokenScheme
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import status
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ParseError
@@ -32,7 +32,6 @@ from webapp.serializers import (
     JobPageSerializer,
     JobSerializer,
     JobSubmitSerializer,
-    PromoteSerializer,
     QueuesSerializer,
     SliceSerializer,
 )
@@ -67,13 +66,67 @@ class ApiTokenScheme(KnoxTokenScheme):
 
 class OptionalBasicAuthScheme(OpenApiAuthenticationExtension):
     """Names webapp.auth.OptionalBasicAuthentication in the schema (drf-spectacular finds an
-    extension by subclassing it; no registration needed)."""
+    extension by subclassing it; no registration needed), only where CLOCKQ_API_BASIC_AUTH is on:
+    a client generated from the schema must not offer a login the server refuses. The schema is
+    made at each GET /api/schema, so it follows the setting as the authentication does."""
 
     target_class = "webapp.auth.OptionalBasicAuthentication"
-    name = "basicAuth"
+
+    @property  # type: ignore[override]
+    def name(self) -> list[str]:  # a list of names, one per definition: none while it is off
+        return ["basicAuth"] if settings.CLOCKQ_API_BASIC_AUTH else []
 
     def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "basic", "description": "Only where CLOCKQ_API_BASIC_AUTH is on; throttled."}
+        if not settings.CLOCKQ_API_BASIC_AUTH:
+            return []
+        return [{"type": "http", "scheme": "basic", "description": "Throttled per address."}]
+
+    def get_security_requirement(self, auto_schema):
+        return {"basicAuth": []} if settings.CLOCKQ_API_BASIC_AUTH else None
+
+
+# POST /api/jobs takes one job (an object) or a batch (a list of them), and answers in kind.
+ONE_OR_BATCH = PolymorphicProxySerializer(
+    component_name="JobSubmitOneOrBatch",
+    serializers=[
+        JobSubmitSerializer,
+        PolymorphicProxySerializer(
+            component_name="JobSubmit",
+            serializers=JobSubmitSerializer.serializers,
+            resource_type_field_name="workload",
+            many=True,
+        ),
+    ],
+    resource_type_field_name=None,
+    many=False,
+)
+CREATED_ONE_OR_BATCH = PolymorphicProxySerializer(
+    component_name="JobOneOrBatch",
+    serializers=[JobSerializer, JobSerializer(many=True)],
+    resource_type_field_name=None,
+    many=False,
+)
+BATCH_ERRORS = OpenApiResponse(
+    OpenApiTypes.OBJECT,
+    description="Refused input: `detail` says why, or each field names its problems. For a batch, "
+    "nothing is submitted and `errors` names each refused entry by its index: "
+    '`{"detail": "...", "errors": {"3": {"tier": ["..."]}}}`.',
+)
+# The promote body: nothing, or the tier to promote to. Written out, so that the schema says what
+# the view accepts (a closed object, a tier code or null) and no more.
+PROMOTE_BODY = {
+    "type": "object",
+    "properties": {
+        "tier": {
+            "type": "string",
+            "enum": list(TIER_CODES),
+            "nullable": True,
+            "description": "A more urgent tier than the job's own; default (absent or null): its tier's "
+            "promote-to tier, else one rank up.",
+        }
+    },
+    "additionalProperties": False,
+}
 
 
 @extend_schema(
@@ -102,14 +155,13 @@ class OptionalBasicAuthScheme(OpenApiAuthenticationExtension):
 @extend_schema(
     methods=["POST"],
     summary="Submit a job, or a batch of jobs",
-    description="A JSON object submits one job. A JSON list of such objects (at most "
-    "`CLOCKQ_API_MAX_BATCH`) submits them all or none: the answer is a list of the jobs in order, "
-    'or a 400 naming each bad entry by its index (`{"errors": {"3": {...}}}`). The schema below '
-    "shows the single form.",
-    request=JobSubmitSerializer,
+    description="A JSON object submits one job, and the answer is that job. A JSON list of such "
+    "objects (at least one, at most `CLOCKQ_API_MAX_BATCH`) submits them all or none: the answer is "
+    'a list of the jobs in order, or a 400 naming each bad entry by its index (`{"errors": {"3": {...}}}`).',
+    request=ONE_OR_BATCH,
     responses={
-        201: JobSerializer,
-        400: FIELD_ERRORS,
+        201: CREATED_ONE_OR_BATCH,
+        400: BATCH_ERRORS,
         413: OpenApiResponse(ErrorSerializer, description="The body is larger than the API accepts."),
         415: OpenApiResponse(ErrorSerializer, description="The body is not JSON."),
         **POST_ERRORS,
@@ -265,7 +317,7 @@ def job_cancel(request, job_id: int):
     "(the first rung of that tier's service ladder), then returns to its own, as a starved job "
     "does after `promote_after_rounds` skipped rounds. The history records who promoted it.",
     parameters=[JOB_ID],
-    request=PromoteSerializer,
+    request={"application/json": PROMOTE_BODY},
     responses={
         200: JobSerializer,
         400: FIELD_ERRORS,

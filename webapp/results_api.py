@@ -8,13 +8,13 @@ from django.http import FileResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
 from clockq.jobs import metrics as job_metrics
 from clockq.jobs.models import Job
-from clockq.jobs.results import ResultStore
+from clockq.jobs.results import SAFE_NAME, ResultStore
 from webapp.access import visible_jobs
 from webapp.api import COMMON_ERRORS, JOB_ID, NOT_FOUND
 from webapp.serializers import ErrorSerializer, MetricsSerializer, ResultSerializer
@@ -59,8 +59,19 @@ def job_result(request, job_id: int):
 
 
 @extend_schema(
+    operation_id="jobs_result_file_retrieve",
     summary="Download one file of a job's result (streamed)",
-    parameters=[JOB_ID, OpenApiParameter("name", str, OpenApiParameter.PATH, description="A file the manifest lists.")],
+    parameters=[
+        JOB_ID,
+        OpenApiParameter(
+            "name",
+            {"type": "string", "pattern": SAFE_NAME.pattern},
+            OpenApiParameter.PATH,
+            description="A file the job's result manifest lists (GET /api/jobs/{job_id}/result), for "
+            "example `state.bin`, which a synthetic job writes.",
+            examples=[OpenApiExample("a synthetic job's result", value="state.bin")],
+        ),
+    ],
     responses={
         (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="The file."),
         404: OpenApiResponse(ErrorSerializer, description="No such job, or file, or not the caller's."),

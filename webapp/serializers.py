@@ -156,13 +156,6 @@ class MetricsSerializer(serializers.Serializer):
     slice_ends = SliceEndSerializer(many=True)
 
 
-class PromoteSerializer(serializers.Serializer):
-    tier = serializers.CharField(
-        required=False,
-        help_text="A more urgent tier than the job's own; default: its tier's promote-to tier, else one rank up.",
-    )
-
-
 # --- For the OpenAPI schema only ------------------------------------------------------------
 # The views validate with webapp.forms.JobSubmitForm and build their answers by hand; these
 # serializers only describe those bodies to drf-spectacular (GET /api/schema).
