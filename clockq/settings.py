@@ -310,18 +310,20 @@ CELERY_BEAT_SYNC_EVERY = 1
 RECONCILE_EVERY_S = env_int("CLOCKQ_RECONCILE_EVERY_S", 15, min_value=1)
 RETENTION_EVERY_S = env_int("CLOCKQ_RETENTION_EVERY_S", 3600, min_value=1)
 REAP_EVERY_S = env_int("CLOCKQ_REAP_EVERY_S", 10, min_value=1)
+# Named as the periodic tasks of clockq/jobs/periodic.py are ("clockq: ..."): beat writes these
+# into the same Periodic tasks table, where operators see them side by side.
 CELERY_BEAT_SCHEDULE = {
-    "delete-old-checkpoints": {
+    "clockq: delete old checkpoints": {
         "task": "clockq.delete_old_checkpoints",
         "schedule": float(RETENTION_EVERY_S),
         "options": {"queue": CONTROL_QUEUE, "expires": RETENTION_EVERY_S},
     },
-    "reconcile-queued-jobs": {
+    "clockq: reconcile queued jobs": {
         "task": "clockq.reconcile_queued_jobs",
         "schedule": float(RECONCILE_EVERY_S),
         "options": {"queue": CONTROL_QUEUE, "expires": RECONCILE_EVERY_S},
     },
-    "reap-expired-leases": {
+    "clockq: reap expired leases": {
         "task": "clockq.reap_expired_leases",
         "schedule": float(REAP_EVERY_S),
         "options": {"queue": CONTROL_QUEUE, "expires": REAP_EVERY_S},

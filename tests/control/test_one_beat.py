@@ -18,7 +18,7 @@ from tests.helpers import database_url
 pytestmark = pytest.mark.integration
 
 LEASE_S = 4
-SENT = "Sending due task reconcile-queued-jobs"
+SENT = "Sending due task clockq: reconcile queued jobs"
 
 
 def _leader_pid(r: redis.Redis) -> int | None:

@@ -1,0 +1,46 @@
+"""Upgrading a database whose beat wrote its own periodic tasks under their old names
+("reap-expired-leases"): the rows are renamed to "clockq: ..." and keep their schedule, and none
+is left under either name twice, so that beat sends each task once."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+from django_celery_beat.models import PeriodicTask
+
+from tests.jobs.test_apps_split_upgrade import migrate
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BEFORE = [("jobs", "0021_level_from_batch_chance")]
+
+
+def test_beats_own_tasks_are_renamed_once_and_keep_their_schedule():
+    old = migrate(BEFORE)
+    tasks, intervals = (
+        old.get_model("django_celery_beat", "PeriodicTask"),
+        old.get_model("django_celery_beat", "IntervalSchedule"),
+    )
+    every = intervals.objects.create(every=10, period="seconds")
+    tasks.objects.create(name="reap-expired-leases", task="clockq.reap_expired_leases", interval=every)
+    tasks.objects.create(name="reconcile-queued-jobs", task="clockq.reconcile_queued_jobs", interval=every)
+    # A beat of the new code that started before the migration ran wrote this one anew already.
+    tasks.objects.create(name="delete-old-checkpoints", task="clockq.delete_old_checkpoints", interval=every)
+    tasks.objects.create(name="clockq: delete old checkpoints", task="clockq.delete_old_checkpoints", interval=every)
+
+    migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+
+    names = set(PeriodicTask.objects.filter(task__startswith="clockq.").values_list("name", flat=True))
+    assert set(settings.CELERY_BEAT_SCHEDULE) <= names
+    assert not {"reap-expired-leases", "reconcile-queued-jobs", "delete-old-checkpoints"} & names
+    assert PeriodicTask.objects.get(name="clockq: reap expired leases").interval.every == 10
+    assert PeriodicTask.objects.filter(task="clockq.delete_old_checkpoints").count() == 1
+
+
+def test_every_periodic_task_is_named_in_one_style():
+    from clockq.jobs.periodic import periodic_tasks
+
+    names = [*settings.CELERY_BEAT_SCHEDULE, *(p.name for p in periodic_tasks())]
+    assert all(name.startswith("clockq: ") and name == name.replace("-", " ") for name in names), names
