@@ -30,8 +30,10 @@ def field_name(workload: str, param: str) -> str:
 
 
 def _number_text(value: float) -> str:
-    """A bound or default as HTML's number input reads it ("1e-06" and "60000.0" both are)."""
-    return str(value) if isinstance(value, int) else repr(float(value))
+    """A bound or default as HTML's number input reads it: "20" for 20.0, "1e-06" as it is."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        value = int(value)
+    return str(value) if isinstance(value, int) else repr(value)
 
 
 def _shown(value: float) -> str:
