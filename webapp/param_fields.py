@@ -20,7 +20,8 @@ from clockq.jobs.workloads import WorkloadSpec
 
 ParamSpec = Int | Float | StrList
 
-# A list param with no default still gets an example in the JSON the page shows.
+# A list param with no default still gets an example in the JSON the page shows (a number
+# without one shows its least value).
 LIST_EXAMPLE = ["python3", "train.py"]
 
 
@@ -99,8 +100,13 @@ def read(spec: ParamSpec, text: str) -> Any:
 
 def example(spec: WorkloadSpec) -> str:
     """The workload's params as JSON, each at its default: a template for the JSON box."""
-    values = {key: LIST_EXAMPLE if p.default is None and isinstance(p, StrList) else p.default for key, p in spec.params.items()}
-    return json.dumps(values)
+    return json.dumps({key: _example_value(param) for key, param in spec.params.items()})
+
+
+def _example_value(param: ParamSpec) -> Any:
+    if param.default is not None:
+        return param.default
+    return LIST_EXAMPLE if isinstance(param, StrList) else param.min
 
 
 @dataclass(frozen=True)
