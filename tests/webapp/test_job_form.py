@@ -109,7 +109,7 @@ def test_a_new_workload_gets_its_fields_from_its_schema_alone(client, alice, set
     page = the_page(client, alice)
     assert page.fieldsets["tiny"] == ["tiny__rounds", "tiny__p"]
     assert (page.controls["tiny__rounds"]["max"], page.controls["tiny__p"]["step"]) == ("9", "any")
-    assert 'As JSON, for the box below: <code>{&quot;rounds&quot;: 3, &quot;p&quot;: 0.5}</code>' in page.html
+    assert "As JSON, for the box below: <code>{&quot;rounds&quot;: 3, &quot;p&quot;: 0.5}</code>" in page.html
     refused = submitted(client, alice, {"workload": "tiny", "tiny__rounds": "4"})
     assert refused.text_of["id_tiny__p_error"] == "p is required."
     assert Job.objects.count() == 0
