@@ -15,7 +15,9 @@ from django.forms.fields import InvalidJSONInput, JSONString
 from django.utils import timezone
 
 from clockq.jobs import client_input, quotas, workloads
+from clockq.jobs.workload_params import clean_params
 from clockq.policy.tiers import TIER_CODES
+from webapp import param_fields
 
 MAX_PARAMS_BYTES = 16 * 1024
 F = TypeVar("F", bound=forms.Form)
@@ -138,6 +140,10 @@ class JobSubmitForm(forms.Form):
             raise forms.ValidationError("The deadline must be in the future.")
         return deadline
 
+    def add_params_errors(self, workload: str, exc: workloads.ParamsError) -> None:
+        """Say what the schema refused in the params: here, all of it on the params field."""
+        self.add_error("params", "; ".join(f"{k}: {v}" for k, v in exc.errors.items()))
+
     def clean(self):
         cleaned = super().clean()
         workload = cleaned.get("workload")
@@ -149,7 +155,7 @@ class JobSubmitForm(forms.Form):
             except (workloads.UnknownWorkload, PermissionError) as exc:
                 self.add_error("workload", str(exc))
             except workloads.ParamsError as exc:
-                self.add_error("params", "; ".join(f"{k}: {v}" for k, v in exc.errors.items()))
+                self.add_params_errors(workload, exc)
         owner = self.quota_owner()
         if owner is not None and not self.errors:
             try:
@@ -178,3 +184,157 @@ def binder(form_class: type[F], **kwargs) -> Callable[[dict], F]:
         return form
 
     return bind
+
+
+class OptionalJSONField(SubmittedJSONField):
+    """The page's JSON box: empty until something is typed (never a `{}` or `null` of its own),
+    as an empty box means "use the fields"."""
+
+    def prepare_value(self, value):
+        return "" if value is None else super().prepare_value(value)
+
+
+class WorkloadSelect(forms.Select):
+    """The workload list: a workload the user may not submit is listed, but cannot be chosen."""
+
+    refused: frozenset[str] = frozenset()
+
+    def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
+        option = super().create_option(name, value, label, selected, index, subindex, attrs)
+        if value in self.refused:
+            option["attrs"]["disabled"] = True
+            option["label"] = f"{label} (needs the 'run command' permission)"
+        return option
+
+
+def default_workload(specs: dict[str, workloads.WorkloadSpec], refused: frozenset[str]) -> str | None:
+    """The workload the page offers first: one the user may run, and one that runs no program
+    of their own where there is such a one (it needs no program to be typed in)."""
+    allowed = [name for name in specs if name not in refused]
+    plain = [name for name in allowed if not specs[name].runs_user_code]
+    return next(iter(plain or allowed or list(specs)), None)
+
+
+class WebJobForm(JobSubmitForm):
+    """The submit page: the shared checks, and a field for each param of every workload, of
+    which the chosen workload's are read. The JSON box, when filled, is used instead of the
+    fields; a field changed from its default that the JSON contradicts is refused, both named."""
+
+    params = OptionalJSONField(
+        name="params",
+        required=False,
+        label="Params as JSON",
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
+        help_text="Optional. When filled, these params are used instead of the fields above.",
+    )
+
+    def __init__(self, data=None, *args, user=None, **kwargs):
+        self.specs = {name: workloads.spec(name) for name in workloads.available()}
+        generated = {
+            param_fields.field_name(workload, key): param_fields.form_field(key, param)
+            for workload, spec in self.specs.items()
+            for key, param in spec.params.items()
+        }
+        if data is not None:
+            # A post that lacks a field (a script's, or one with the JSON box only) shows its
+            # default again, not an empty box.
+            data = {name: field.initial for name, field in generated.items()} | dict(data.items())
+        super().__init__(data, *args, user=user, **kwargs)
+        self.fields.update(generated)
+        refused = frozenset(
+            name for name, spec in self.specs.items() if spec.runs_user_code and not self.may_run_commands()
+        )
+        self.fields["workload"].widget = WorkloadSelect(choices=self.fields["workload"].choices)
+        self.fields["workload"].widget.refused = refused
+        self.fields["workload"].initial = default_workload(self.specs, refused)
+        self.refused_workloads = refused
+        self.params_from = "json"
+
+    @property
+    def param_groups(self) -> list[param_fields.ParamGroup]:
+        return [
+            param_fields.ParamGroup(
+                workload=workload,
+                fields=[self[param_fields.field_name(workload, key)] for key in spec.params],
+                example=param_fields.example(spec),
+                allowed=workload not in self.refused_workloads,
+            )
+            for workload, spec in self.specs.items()
+        ]
+
+    def json_box_filled(self) -> bool:
+        return bool(self.is_bound and str(self.data.get("params") or "").strip())
+
+    def clean(self):
+        workload = self.cleaned_data.get("workload")
+        chosen = self.specs.get(workload) if isinstance(workload, str) else None
+        if chosen and "params" in self.cleaned_data and not self.json_box_filled():
+            params = self.params_from_fields(workload, chosen)
+            if params is None:
+                del self.cleaned_data["params"]  # its fields have their errors: nothing to validate
+            else:
+                self.cleaned_data["params"], self.params_from = params, "fields"
+        cleaned = super().clean()
+        if chosen and self.params_from == "json" and "params" in cleaned and not self.has_error("params"):
+            self.check_fields_agree(workload, chosen, cleaned["params"])
+        return cleaned
+
+    def params_from_fields(self, workload: str, spec: workloads.WorkloadSpec) -> dict | None:
+        """The chosen workload's params as its fields give them (an empty field: the default),
+        or None when a field holds no value of its type (the error is on the field)."""
+        params, failed = {}, False
+        for key, param in spec.params.items():
+            name = param_fields.field_name(workload, key)
+            text = self.cleaned_data.get(name) or ""
+            if not text:
+                continue
+            try:
+                params[key] = param_fields.read(param, text)
+            except param_fields.FieldValueError as exc:
+                self.add_error(name, f"{key} {exc}.")
+                failed = True
+        if failed:
+            # Say at once what else the schema refuses, as it would with every field readable.
+            try:
+                clean_params(spec.params, params)
+            except workloads.ParamsError as exc:
+                self.add_params_errors(workload, exc, source="fields")
+        elif len(json.dumps(params)) > MAX_PARAMS_BYTES:
+            self.add_error(None, f"The params come to more than {MAX_PARAMS_BYTES} bytes of JSON.")
+            failed = True
+        return None if failed else params
+
+    def add_params_errors(self, workload: str, exc: workloads.ParamsError, source: str = "") -> None:
+        """Errors in params read from the fields go next to their fields."""
+        if (source or self.params_from) == "json":
+            return super().add_params_errors(workload, exc)
+        for key, message in exc.errors.items():
+            name = param_fields.field_name(workload, key)
+            if key not in self.specs[workload].params:
+                self.add_error("params", f"{key}: {message}")
+            elif not self.has_error(name):  # a field its type refused is not checked again
+                self.add_error(name, f"{key} {message}.")
+
+    def check_fields_agree(self, workload: str, spec: workloads.WorkloadSpec, params: dict) -> None:
+        """Refuse fields changed from their defaults that the filled JSON box contradicts: the
+        JSON wins, and the user should not believe the fields were used."""
+        clashes = []
+        for key, param in spec.params.items():
+            name = param_fields.field_name(workload, key)
+            text = self.cleaned_data.get(name) or ""
+            if not text:
+                continue
+            try:
+                value = param_fields.read(param, text)
+            except param_fields.FieldValueError:
+                value = text  # not a value at all: it agrees with nothing
+            if value == param.default or value == params.get(key):
+                continue
+            clashes.append(key)
+            self.add_error(name, f"Params as JSON is filled, and gives {key} {json.dumps(params.get(key))}.")
+        if clashes:
+            self.add_error(
+                "params",
+                f"disagrees with the {workload} fields changed above ({', '.join(clashes)}). When filled, "
+                "the JSON is used instead of the fields: empty it to use the fields, or make the two agree.",
+            )

@@ -13,7 +13,7 @@ from clockq.control_state import control
 from clockq.jobs import client_input, services
 from clockq.jobs import metrics as job_metrics
 from webapp.access import visible_jobs
-from webapp.forms import JobSubmitForm, posted_fields
+from webapp.forms import WebJobForm, posted_fields
 from webapp.results_api import result_file_response
 from webapp.serializers import admission_note
 
@@ -37,10 +37,10 @@ def main_metric(values: dict[str, float]) -> tuple[str, float] | None:
 
 @login_required
 def job_new(request):
-    form, refused = JobSubmitForm(user=request.user), None
+    form, refused = WebJobForm(user=request.user), None
     if request.method == "POST":
         try:
-            form = JobSubmitForm(posted_fields(request), user=request.user)
+            form = WebJobForm(posted_fields(request), user=request.user)
         except client_input.InputRefused as exc:
             refused = str(exc)  # shown above an empty form: the post itself is not echoed back
     if form.is_valid():

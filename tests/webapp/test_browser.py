@@ -39,7 +39,8 @@ def test_submit_through_the_form_then_a_bad_params_value(page, alice):
     page.get_by_label("Name").fill("nightly")
     page.get_by_label("Tier").select_option("BP")
     page.get_by_label("Workload").select_option("matmul")
-    page.get_by_label("Params").fill('{"size": 64, "steps": 10}')
+    page.locator("#params-json summary").click()  # the JSON box, collapsed until opened
+    page.get_by_label("Params as JSON").fill('{"size": 64, "steps": 10}')
     page.get_by_role("button", name="Submit").click()
 
     page.wait_for_url(re.compile(r"/jobs/\d+/$"))
@@ -55,7 +56,8 @@ def test_submit_through_the_form_then_a_bad_params_value(page, alice):
     page.goto("/jobs/new")
     page.get_by_label("Name").fill("too-big")
     page.get_by_label("Workload").select_option("matmul")
-    page.get_by_label("Params").fill('{"size": 99999}')
+    page.locator("#params-json summary").click()
+    page.get_by_label("Params as JSON").fill('{"size": 99999}')
     page.get_by_role("button", name="Submit").click()
     page.wait_for_load_state()
     assert page.url.endswith("/jobs/new")

@@ -144,3 +144,71 @@ def test_the_form_keeps_what_was_typed_after_a_refused_params(client, alice):
     typed = '{"steps": "\\udfff"}'
     response = post_form(client, "/jobs/new", {"name": "n", "tier": "SP", "workload": "synthetic", "params": typed})
     assert response.status_code == 400 and html.escape(typed) in response.content.decode()
+
+
+# The page's fields for each param (webapp/param_fields.py) are read into a value and checked by
+# the same schema as the API's params: each refusal names the same param with the same message,
+# next to its field on the page. `command` needs its argv in both.
+def _refusable() -> list[tuple[str, str, object, str]]:
+    from clockq.jobs.workload_params import Int, StrList
+    from clockq.jobs.workloads import SPECS
+
+    cases = []
+    for workload, spec in sorted(SPECS.items()):
+        for key, param in spec.params.items():
+            if isinstance(param, StrList):
+                continue
+            cases.append((workload, key, param.max + 1, str(param.max + 1)))  # out of range
+            cases.append((workload, key, "abc", "abc"))  # not a number
+            if isinstance(param, Int):
+                cases.append((workload, key, 2.5, "2.5"))  # not whole
+    return cases
+
+
+REFUSABLE = _refusable()
+
+
+def _api_post(client, user, workload: str, params: dict):
+    body = json.dumps({"name": "n", "tier": "SP", "workload": workload, "params": params})
+    return client.generic("POST", "/api/jobs", body, content_type="application/json", **token_auth(user))
+
+
+def _form_post(client, workload: str, fields: dict):
+    return post_form(client, "/jobs/new", {"name": "n", "tier": "SP", "workload": workload, **fields})
+
+
+def _argv(workload: str) -> dict:
+    return {"argv": ["true"]} if workload == "command" else {}
+
+
+@pytest.mark.parametrize(
+    ("workload", "key", "api_value", "typed"), REFUSABLE, ids=[f"{w}.{k}={t}" for w, k, _, t in REFUSABLE]
+)
+def test_a_param_the_api_refuses_is_refused_by_its_field_with_the_same_message(
+    client, operator, workload, key, api_value, typed
+):
+    # Given oscar, who may run every workload, logged in and holding a token
+    client.force_login(operator)
+    # When he sends one bad param through the API, through the page's field, and through its JSON box
+    by_api = _api_post(client, operator, workload, {**_argv(workload), key: api_value})
+    fields = {f"{workload}__{key}": typed} | ({"command__argv": "true"} if workload == "command" else {})
+    by_field = _form_post(client, workload, fields)
+    by_box = _form_post(client, workload, {"params": json.dumps({**_argv(workload), key: api_value})})
+    # Then all three refuse it with one message: on the page, next to the field, or on the box
+    assert by_api.status_code == by_field.status_code == by_box.status_code == 400
+    [api_error] = by_api.json()["params"]
+    said = api_error["message"].removeprefix(f"{key}: ")
+    field_errors = f'<ul class="errorlist" id="id_{workload}__{key}_error"><li>{key} {html.escape(said)}.</li></ul>'
+    assert field_errors in by_field.content.decode()
+    assert f"<li>{html.escape(api_error['message'])}</li>" in by_box.content.decode()
+    assert nothing_written()
+
+
+def test_the_fields_and_the_api_make_the_same_job(client, operator):
+    client.force_login(operator)
+    params = {"steps": 20, "batch_size": 8, "hidden": 16, "learning_rate": 0.005, "seed": 3, "dataset_examples": 0}
+    assert _api_post(client, operator, "keras_train", params).status_code == 201
+    fields = {f"keras_train__{key}": str(value) for key, value in params.items()}
+    assert _form_post(client, "keras_train", fields).status_code == 302
+    by_api, by_form = Job.objects.order_by("pk")
+    assert by_api.params == by_form.params == params
