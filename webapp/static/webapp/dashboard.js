@@ -57,10 +57,18 @@
     return [data.window.since, data.now];
   }
 
-  // The 5 s samples when the server has them for this window (the last hour), else null: the
+  // The 5 s samples when the server has some for this window (the last hour), else null: the
   // charts then draw the minute series.
   function fineOf(data) {
-    return data.fine && data.fine.available ? data.fine : null;
+    return data.fine && data.fine.available && data.fine.t.length ? data.fine : null;
+  }
+
+  // Why there are no 5 s samples to draw, or null.
+  function noFineBecause(data) {
+    if (data.fine === null) return "5 s samples cover the last hour: pick 15 min or 1 h";
+    if (!data.fine.available) return "no 5 s samples: " + data.fine.reason;
+    if (!data.fine.t.length) return "no 5 s sample yet: beat's task \"clockq: queue sample\" has not run";
+    return null;
   }
 
   function emptyNote(text) {
@@ -200,9 +208,7 @@
         }
       });
     }
-    const note = data.fine === null
-      ? "5 s samples cover the last hour: pick 15 min or 1 h"
-      : fine ? null : "no 5 s samples: " + data.fine.reason;
+    const note = noFineBecause(data);
     Plotly.react(
       "chart-oldest",
       traces,
