@@ -161,7 +161,13 @@ def intersect(a: dict, b: dict) -> bool:
 def test_a_burst_shows_in_the_queue_chart_and_the_threshold_labels_stand_apart(watched_page, carol, alice, tmp_path):
     from clockq.control_state import control
 
-    # Given a 30 s burst of 11 jobs per tier that ended before the minute's rollup sampled
+    from clockq.bus import heartbeat
+    from clockq.bus.client import client as broker
+
+    # Given one GPU worker, and a 30 s burst of 11 jobs per tier that ended before the minute's
+    # rollup sampled: the load index went up to its cap, so the axis spans 0-2 and the
+    # thresholds crowd together
+    heartbeat.announce(broker(), {"hostname": "gpu0@hostA", "gpu": 0, "host": "hostA", "pid": 1, "started": 0.0})
     burst_of_30_s(alice)
     kpis.rollup(timezone.now())
     thresholds = control.thresholds()
@@ -182,6 +188,11 @@ def test_a_burst_shows_in_the_queue_chart_and_the_threshold_labels_stand_apart(w
     assert queue.locator(".scatterlayer .trace").nth(0).locator(".point").count() >= 8  # 8 samples, then now
     oldest = page.evaluate("document.getElementById('chart-oldest').data.filter((t) => t.showlegend !== false)")
     assert [max(v for v in t["y"] if v is not None) for t in oldest] == [25.0] * len(CODES)
+
+    load = page.evaluate(
+        "Object.fromEntries(document.getElementById('chart-load').data.map((t) => [t.name, Math.max(...t.y)]))"
+    )
+    assert load["load index (5 s)"] == 2.0  # (0 running + 55 waiting) / 1 GPU, at the cap
 
     # And the load chart's threshold labels, wherever it draws them, do not overlap: not even
     # reopen < 75 % and scale out > 70 %, five points apart
