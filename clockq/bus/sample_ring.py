@@ -67,7 +67,8 @@ class SampleRing:
         Raises redis.RedisError when the broker does not answer."""
         found: list[dict[str, Any]] = []
         skipped = 0
-        for raw, score in r.zrangebyscore(self.key, since, until, withscores=True):
+        rows: list[tuple[bytes, float]] = r.zrangebyscore(self.key, since, until, withscores=True)  # type: ignore[assignment]
+        for raw, score in rows:
             try:
                 sample = json.loads(raw)
             except ValueError:

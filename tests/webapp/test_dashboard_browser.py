@@ -159,10 +159,9 @@ def intersect(a: dict, b: dict) -> bool:
 
 
 def test_a_burst_shows_in_the_queue_chart_and_the_threshold_labels_stand_apart(watched_page, carol, alice, tmp_path):
-    from clockq.control_state import control
-
     from clockq.bus import heartbeat
     from clockq.bus.client import client as broker
+    from clockq.control_state import control
 
     # Given one GPU worker, and a 30 s burst of 11 jobs per tier that ended before the minute's
     # rollup sampled: the load index went up to its cap, so the axis spans 0-2 and the
