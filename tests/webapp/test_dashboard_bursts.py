@@ -111,3 +111,34 @@ def test_without_the_broker_the_5_s_series_says_why_and_the_rest_answers(client,
     data = client.get("/dashboard/data").json()
     assert data["fine"]["available"] is False and "broker" in data["fine"]["reason"]
     assert data["live"]["queued"]["SP"] == 0
+
+
+def test_a_full_hour_of_samples_is_one_bounded_answer_and_a_sample_three_queries(client, carol):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    # Given the ring full: more than an hour of 5 s samples with every tier waiting
+    now = timezone.now()
+    values = {
+        "queued": dict.fromkeys(CODES, 1234),
+        "oldest_wait_s": dict.fromkeys(CODES, 12345.678),
+        "running": 64,
+        "gpus": 64,
+        "load_index": 1.234567,
+    }
+    for slot in range(queue_samples.KEEP_S // queue_samples.STEP_S + 60):
+        queue_samples.RING.write(queue_samples.client(), now.timestamp() - 5 * slot, values)
+    assert queue_samples.client().zcard(queue_samples.RING.key) <= queue_samples.RING.max_samples
+
+    # When the dashboard asks for the last hour
+    client.force_login(carol)
+    response = client.get("/dashboard/data?minutes=60")
+
+    # Then it holds an hour of samples, in a bounded answer
+    assert len(response.json()["fine"]["t"]) in (720, 721)
+    assert len(response.content) < 160_000
+
+    # And taking a sample costs the database three queries, however many jobs wait
+    with CaptureQueriesContext(connection) as queries:
+        queue_samples.take_sample()
+    assert len(queries) == 3
