@@ -14,7 +14,7 @@ from django.conf import settings
 from clockq.bus import heartbeat
 from clockq.control_state import scale_hook
 from clockq.forecasting import load_history
-from clockq.jobs import promotion, service_levels
+from clockq.jobs import promotion, queue_samples, service_levels
 from clockq.kpis import reports as kpis
 from control import reaper, reconcile, retention
 
@@ -68,6 +68,16 @@ def load_sample() -> float | None:
         log.warning("load sample: no sample this time, the broker did not answer (%s)", exc)
         return None
     return None if sample is None else sample.load_index
+
+
+@shared_task(name="clockq.queue_sample", ignore_result=True)
+def queue_sample() -> int | None:
+    try:
+        sample = queue_samples.record_queue_sample()
+    except redis.RedisError as exc:
+        log.warning("queue sample: no sample this time, the broker did not answer (%s)", exc)
+        return None
+    return sum(sample.queued.values())
 
 
 SCALE_OUT_MAX_RETRIES = 5

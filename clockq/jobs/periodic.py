@@ -11,7 +11,10 @@ from datetime import datetime
 from django.conf import settings
 from django.db.models import Max
 
+from clockq.jobs import queue_samples
 from clockq.policy.promotion import BATCH_CHANCE_EVERY_S, PROMOTION_TICK_S
+
+QUEUE_SAMPLE = "clockq: queue sample"
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,13 @@ PERIODIC_TASKS: tuple[Periodic, ...] = (
         description="Times out jobs past their deadline or their tier's start timeout; marks late ones.",
     ),
     Periodic("clockq: KPI rollup", "clockq.kpi_rollup", 60, description="Fills the KPI tables behind /api/kpis."),
+    Periodic(
+        QUEUE_SAMPLE,
+        "clockq.queue_sample",
+        queue_samples.STEP_S,
+        description="Keeps the queue depth, longest waits and load index of each 5 s in Redis for an hour "
+        "(the dashboard's 15 min and 1 h windows), so a burst between two minute samples shows.",
+    ),
 )
 
 LOAD_SAMPLE = "clockq: load sample"

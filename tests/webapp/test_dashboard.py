@@ -17,7 +17,8 @@ from clockq.policy import promotion as rules
 from clockq.policy.kpis import WAIT_BUCKETS_MS, floor_minute
 from clockq.policy.slicing import Boundary, decide_at_boundary
 from tests.helpers import submit
-from webapp import dashboard
+from webapp.dashboard_series import plotly_time
+from webapp.dashboard_timeline import slice_timeline
 
 pytestmark = pytest.mark.django_db
 
@@ -46,7 +47,7 @@ def test_staff_get_the_page_with_plotly_served_from_the_wheel(client, carol):
     assert '<script src="/static/plotly/plotly.min.js">' in html
     assert '<script src="/static/webapp/dashboard.js">' in html
     assert "https://" not in html and "http://" not in html  # nothing from the internet
-    for chart in ("queue", "waits", "gpus", "rates", "load", "timeline"):
+    for chart in ("queue", "oldest", "waits", "gpus", "rates", "load", "timeline"):
         assert f'id="chart-{chart}"' in html
     assert 'href="/dashboard"' in client.get("/jobs/").content.decode()  # the staff nav link
 
@@ -58,7 +59,9 @@ def test_the_empty_system_answers_with_every_section(client, carol):
     assert data["tiers"][1]["wait_target_ms"] == 60_000
     assert data["live"]["queued"] == {"RT": 0, "HP": 0, "SP": 0, "BP": 0, "BK": 0}
     assert data["timeline"]["bars"] == [] and data["timeline"]["promotions"] == []
-    assert set(data) == {"now", "tiers", "live", "kpis", "timeline", "load"}
+    assert set(data) == {"now", "window", "tiers", "live", "fine", "kpis", "timeline", "load"}
+    assert data["window"]["minutes"] == 15  # the last 15 minutes unless the URL says otherwise
+    assert data["fine"]["available"] and data["fine"]["t"] == [] and data["fine"]["queued"]["RT"] == []
     assert data["load"]["samples"] == [] and data["load"]["forecasts"] == []
     assert data["load"]["latest"] is None and data["load"]["control"] is None
 
@@ -177,10 +180,10 @@ def test_the_timeline_keeps_the_newest_slices_when_there_are_too_many(client, ca
     start = timezone.now() - timedelta(seconds=30)
     for i in range(12):
         make_slice(job, GPU0, start + timedelta(milliseconds=100 * i), 100, "yielded")
-    timeline = dashboard.slice_timeline(since=start - timedelta(seconds=1), until=timezone.now(), cap=5)
+    timeline = slice_timeline(since=start - timedelta(seconds=1), until=timezone.now(), cap=5)
     assert timeline["truncated"] is True
     assert len(timeline["bars"]) == 5
-    assert timeline["bars"][-1]["start"] == dashboard._ts(start + timedelta(milliseconds=1100))
+    assert timeline["bars"][-1]["start"] == plotly_time(start + timedelta(milliseconds=1100))
 
 
 def test_the_wait_buckets_are_the_policys(client, carol):
@@ -220,13 +223,13 @@ def test_the_kpi_charts_come_from_the_rollup(client, carol, alice):
     assert data["waits"]["HP"]["within_target"] is None  # nothing started
     assert data["rates"]["SP"] == {"judged": 2, "on_time": 0.5, "timed_out": 0.5}
     assert data["rates"]["all"] == {"judged": 2, "on_time": 0.5, "timed_out": 0.5}
-    at = data["minutes"].index(dashboard._ts(minute))
+    at = data["minutes"].index(plotly_time(minute))
     [gpu] = data["gpus"]
     assert (gpu["worker"], gpu["gpu"], gpu["busy"][at]) == (GPU0, 0, 0.5)
     # The depth is sampled at the end of the last complete minute; the minute under way has none.
-    sampled = data["minutes"].index(dashboard._ts(floor_minute(now) - timedelta(minutes=1)))
+    sampled = data["minutes"].index(plotly_time(floor_minute(now) - timedelta(minutes=1)))
     assert data["queue_depth"]["SP"][sampled] == 1 and data["queue_depth"]["SP"][-1] is None
-    assert data["since"] <= dashboard._ts(minute) < data["until"]
+    assert data["since"] <= plotly_time(minute) < data["until"]
 
 
 def test_the_load_section_shows_the_history_the_forecasts_and_the_control_state(client, carol):

@@ -21,11 +21,12 @@ from clockq.policy.kpis import floor_minute
 from tests.browser import TIMEOUT_MS, log_in
 from tests.helpers import submit
 from tests.webapp.test_dashboard import GPU0, GPU1, make_event, make_slice
+from tests.webapp.test_dashboard_bursts import CODES, PER_TIER, burst_of_30_s
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the live server needs committed rows
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
-CHARTS = ("queue", "waits", "gpus", "rates", "load", "timeline")
+CHARTS = ("queue", "oldest", "waits", "gpus", "rates", "load", "timeline")
 
 
 @pytest.fixture
@@ -143,6 +144,85 @@ def test_every_chart_draws_from_local_files_and_refreshes_in_place(watched_page,
     page.wait_for_function("Number(document.body.dataset.refreshes) >= 3")
     assert page.evaluate("window.notReloaded") is True
     assert "not updated" not in page.locator("#dash-status").inner_text()
+
+    assert outside == [], f"the page reached for the internet: {outside}"
+    assert errors == []
+
+
+def intersect(a: dict, b: dict) -> bool:
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and (b["y"] < a["y"] + a["height"])
+    )
+
+
+def test_a_burst_shows_in_the_queue_chart_and_the_threshold_labels_stand_apart(watched_page, carol, alice, tmp_path):
+    from clockq.bus import heartbeat
+    from clockq.bus.client import client as broker
+    from clockq.control_state import control
+
+    # Given one GPU worker, and a 30 s burst of 11 jobs per tier that ended before the minute's
+    # rollup sampled: the load index went up to its cap, so the axis spans 0-2 and the
+    # thresholds crowd together
+    heartbeat.announce(broker(), {"hostname": "gpu0@hostA", "gpu": 0, "host": "hostA", "pid": 1, "started": 0.0})
+    burst_of_30_s(alice)
+    kpis.rollup(timezone.now())
+    thresholds = control.thresholds()
+    page, outside, errors = watched_page
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    log_in(page, "/accounts/login/?next=/dashboard", "carol", "carol-pass-123")
+    page.wait_for_url(re.compile(r"/dashboard$"))
+    page.wait_for_function("Number(document.body.dataset.refreshes) >= 1")
+
+    # Then the queue-depth chart draws the burst at its height in every tier: a marker for each
+    # 5 s sample, and an axis that reaches it
+    queue = page.locator("#chart-queue")
+    drawn = page.evaluate(
+        "Object.fromEntries(document.getElementById('chart-queue').data.map((t) => [t.name, Math.max(...t.y)]))"
+    )
+    assert drawn == dict.fromkeys(CODES, PER_TIER)
+    assert page.evaluate("document.getElementById('chart-queue')._fullLayout.yaxis.range[1]") >= PER_TIER
+    assert queue.locator(".scatterlayer .trace").nth(0).locator(".point").count() >= 8  # 8 samples, then now
+    oldest = page.evaluate("document.getElementById('chart-oldest').data.filter((t) => t.showlegend !== false)")
+    assert [max(v for v in t["y"] if v is not None) for t in oldest] == [25.0] * len(CODES)
+
+    load = page.evaluate(
+        "Object.fromEntries(document.getElementById('chart-load').data.map((t) => [t.name, Math.max(...t.y)]))"
+    )
+    assert load["load index (5 s)"] == 2.0  # (0 running + 55 waiting) / 1 GPU, at the cap
+
+    # And the load chart's threshold labels, wherever it draws them, do not overlap: not even
+    # reopen < 75 % and scale out > 70 %, five points apart
+    assert abs(thresholds.reopen_below - thresholds.scale_out_above) < 0.1
+    named = {
+        "close admission > ": thresholds.close_above,
+        "reopen < ": thresholds.reopen_below,
+        "scale out > ": thresholds.scale_out_above,
+        "prefetch < ": thresholds.prefetch_below,
+    }
+    boxes = []
+    for name, value in named.items():
+        label = page.locator("#chart-load svg text", has_text=f"{name}{100 * value:.1f} %")
+        assert label.count() == 1, f"{name} is not labelled once"
+        box = label.bounding_box()
+        assert box["width"] > 0 and box["height"] > 0, name
+        boxes.append((name, box))
+    for i, (name, box) in enumerate(boxes):
+        for other, other_box in boxes[i + 1 :]:
+            assert not intersect(box, other_box), f"{name!r} overlaps {other!r}"
+    page.screenshot(path=tmp_path / "dashboard-burst.png", full_page=True)
+    assert (tmp_path / "dashboard-burst.png").stat().st_size > 0
+
+    # When another window is picked, the page's own URL says so, and the link opens on it
+    page.get_by_label("Window").select_option("60")
+    page.wait_for_url(re.compile(r"/dashboard\?minutes=60&timeline_s=120$"))
+    page.wait_for_function("Number(document.body.dataset.refreshes) >= 2")
+    page.goto(page.url)
+    page.wait_for_function("Number(document.body.dataset.refreshes) >= 1")
+    assert page.get_by_label("Window").input_value() == "60"
+    assert page.evaluate("document.getElementById('chart-queue').data[0].y.length") >= 8
 
     assert outside == [], f"the page reached for the internet: {outside}"
     assert errors == []

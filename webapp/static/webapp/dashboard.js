@@ -52,9 +52,23 @@
     return value === null || value === undefined ? "–" : (100 * value).toFixed(1) + " %";
   }
 
-  // The KPI window, up to now: the rollup's minutes, then the live samples.
+  // The window the picker chose, up to now.
   function timeRange(data) {
-    return [data.kpis ? data.kpis.since : live.length ? live[0].t : data.now, data.now];
+    return [data.window.since, data.now];
+  }
+
+  // The 5 s samples when the server has some for this window (the last hour), else null: the
+  // charts then draw the minute series.
+  function fineOf(data) {
+    return data.fine && data.fine.available && data.fine.t.length ? data.fine : null;
+  }
+
+  // Why there are no 5 s samples to draw, or null.
+  function noFineBecause(data) {
+    if (data.fine === null) return "5 s samples cover the last hour: pick 15 min or 1 h";
+    if (!data.fine.available) return "no 5 s samples: " + data.fine.reason;
+    if (!data.fine.t.length) return "no 5 s sample yet: beat's task \"clockq: queue sample\" has not run";
+    return null;
   }
 
   function emptyNote(text) {
@@ -107,39 +121,103 @@
 
   // --- per-minute charts -------------------------------------------------------------------
 
-  function renderQueue(data) {
-    const colour = colourOf(data.tiers);
+  // Jobs waiting per tier: the 5 s samples and the count now, or per minute (the rollup's deepest
+  // sample) and the page's live samples since it loaded.
+  function queueSeries(data, code) {
+    const fine = fineOf(data);
+    if (fine) {
+      const x = fine.t.slice();
+      const y = fine.queued[code].slice();
+      if (!x.length || x[x.length - 1] < data.now) {
+        x.push(data.now);
+        y.push(data.live.queued[code] || 0);
+      }
+      return { x: x, y: y };
+    }
     const kpis = data.kpis;
     const firstLive = live.length ? live[0].t : null;
-    const traces = data.tiers.map((t) => {
-      const x = [];
-      const y = [];
-      if (kpis) {
-        kpis.minutes.forEach((minute, i) => {
-          if (firstLive === null || minute < firstLive) {
-            x.push(minute);
-            y.push(kpis.queue_depth[t.code] ? kpis.queue_depth[t.code][i] : 0);
-          }
-        });
-      }
-      live.forEach((sample) => {
-        x.push(sample.t);
-        y.push(sample.queued[t.code] || 0);
+    const x = [];
+    const y = [];
+    if (kpis) {
+      kpis.minutes.forEach((minute, i) => {
+        if (firstLive === null || minute < firstLive) {
+          x.push(minute);
+          y.push(kpis.queue_depth[code] ? kpis.queue_depth[code][i] : 0);
+        }
       });
+    }
+    live.forEach((sample) => {
+      x.push(sample.t);
+      y.push(sample.queued[code] || 0);
+    });
+    return { x: x, y: y };
+  }
+
+  function renderQueue(data) {
+    const colour = colourOf(data.tiers);
+    const traces = data.tiers.map((t) => {
+      const series = queueSeries(data, t.code);
       return {
         type: "scatter",
         mode: "lines+markers",
         line: { shape: "hv", color: colour(t.code), width: 2 },
         marker: { size: 4 },
         name: t.code,
-        x: x,
-        y: y,
+        x: series.x,
+        y: series.y,
       };
     });
     Plotly.react(
       "chart-queue",
       traces,
       layout({ uirevision: "queue-" + minutesSelect.value, xaxis: { type: "date", range: timeRange(data) }, yaxis: { title: { text: "jobs waiting" }, rangemode: "tozero" } }),
+      plotConfig
+    );
+  }
+
+  // The longest wait of a job not started yet, per tier, every 5 s; each tier's target dashed.
+  function renderOldest(data) {
+    const colour = colourOf(data.tiers);
+    const fine = fineOf(data);
+    const traces = [];
+    if (fine) {
+      data.tiers.forEach((t) => {
+        traces.push({
+          type: "scatter",
+          mode: "lines",
+          line: { shape: "hv", color: colour(t.code), width: 2 },
+          name: t.code,
+          legendgroup: t.code,
+          x: fine.t,
+          // On a log axis 0 has no place: nothing waits there, so no line.
+          y: fine.oldest_wait_s[t.code].map((v) => (v > 0 ? v : null)),
+          hovertemplate: t.code + ": %{y:.1f} s<extra>target " + formatMs(t.wait_target_ms) + "</extra>",
+        });
+        if (t.wait_target_ms) {
+          traces.push({
+            type: "scatter",
+            mode: "lines",
+            line: { color: colour(t.code), width: 1, dash: "dash" },
+            name: t.code + " target " + formatMs(t.wait_target_ms),
+            legendgroup: t.code,
+            showlegend: false,
+            x: timeRange(data),
+            y: [t.wait_target_ms / 1000, t.wait_target_ms / 1000],
+            hoverinfo: "skip",
+          });
+        }
+      });
+    }
+    const note = noFineBecause(data);
+    Plotly.react(
+      "chart-oldest",
+      traces,
+      layout({
+        uirevision: "oldest-" + minutesSelect.value,
+        xaxis: { type: "date", range: timeRange(data) },
+        yaxis: { title: { text: "longest wait (s)" }, type: "log" },
+        annotations: note ? emptyNote(note) : [],
+      }),
       plotConfig
     );
   }
@@ -325,18 +403,39 @@
     controlBox.replaceChildren(...parts);
   }
 
+  // The control thresholds are lines named in the legend, not labels on the lines: two thresholds
+  // a few points apart (reopen < 75 %, scale out > 70 %) would put their labels on each other.
+  function thresholdTraces(t, range) {
+    return [
+      [t.close_above, "#cf222e", "close admission > "],
+      [t.reopen_below, "#bf8700", "reopen < "],
+      [t.scale_out_above, "#8250df", "scale out > "],
+      [t.prefetch_below, "#1a7f37", "prefetch < "],
+    ].map(([y, colour, text]) => ({
+      type: "scatter",
+      mode: "lines",
+      name: text + percent(y),
+      x: range,
+      y: [y, y],
+      line: { color: colour, width: 1, dash: "dash" },
+      hovertemplate: text + percent(y) + "<extra></extra>",
+    }));
+  }
+
   function renderLoad(data) {
     const load = data.load;
+    const fine = fineOf(data);
     renderControl(load);
-    const t = load.thresholds;
+    const start = timeRange(data)[0];
+    const end = load.latest ? (load.latest.t > data.now ? load.latest.t : data.now) : data.now;
     const traces = [
       {
         type: "scatter",
         mode: "lines",
-        name: "load index",
+        name: fine ? "load index (per minute)" : "load index",
         x: load.samples.map((s) => s.t),
         y: load.samples.map((s) => s.load),
-        line: { color: "#1f77b4" },
+        line: { color: "#1f77b4", width: fine ? 1.5 : 2 },
         hovertemplate: "%{x}: %{y:.2f}<extra>load</extra>",
       },
       {
@@ -351,32 +450,28 @@
         hovertemplate: "%{x}: %{y:.2f} (%{text})<extra>forecast</extra>",
       },
     ];
-    const start = timeRange(data)[0];
-    const end = load.latest ? (load.latest.t > data.now ? load.latest.t : data.now) : data.now;
-    const line = (y, colour, text) => ({
-      type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: { color: colour, width: 1, dash: "dash" }, name: text,
-    });
-    const label = (y, text) => ({ xref: "paper", x: 1, y: y, text: text, showarrow: false, xanchor: "right", yanchor: "bottom", font: { size: 10, color: "#57606a" } });
-    const empty = !load.samples.length && !load.forecasts.length;
+    if (fine) {
+      traces.unshift({
+        type: "scatter",
+        mode: "lines",
+        name: "load index (5 s)",
+        x: fine.t,
+        y: fine.load_index,
+        line: { color: "#0a3069", shape: "hv", width: 2 },
+        hovertemplate: "%{x}: %{y:.2f}<extra>load, 5 s</extra>",
+      });
+    }
+    const empty = !load.samples.length && !load.forecasts.length && !(fine && fine.t.length);
     Plotly.react(
       "chart-load",
-      traces,
+      traces.concat(thresholdTraces(load.thresholds, [start, end])),
       layout({
-        uirevision: "load",
-        xaxis: { range: [start, end] },
+        uirevision: "load-" + minutesSelect.value,
+        xaxis: { type: "date", range: [start, end] },
         yaxis: { title: { text: "load index" }, rangemode: "tozero" },
-        shapes: [
-          line(t.close_above, "#cf222e", "close admission"),
-          line(t.reopen_below, "#bf8700", "reopen"),
-          line(t.scale_out_above, "#8250df", "scale out"),
-          line(t.prefetch_below, "#1a7f37", "prefetch"),
-        ],
-        annotations: [
-          label(t.close_above, "close admission > " + percent(t.close_above)),
-          label(t.reopen_below, "reopen < " + percent(t.reopen_below)),
-          label(t.scale_out_above, "scale out > " + percent(t.scale_out_above)),
-          label(t.prefetch_below, "prefetch < " + percent(t.prefetch_below)),
-        ].concat(empty ? emptyNote("no load sample in the window yet") : []),
+        legend: { orientation: "v", x: 1.01, y: 1, xanchor: "left", yanchor: "top" },
+        margin: { l: 56, r: 8, t: 8, b: 36 },
+        annotations: empty ? emptyNote("no load sample in the window yet") : [],
       }),
       plotConfig
     );
@@ -486,14 +581,14 @@
   function remember(data) {
     const t = data.now;
     live.push({ t: t, queued: data.live.queued, gpus: data.live.gpus });
-    const keepFrom = data.kpis ? data.kpis.since : null;
-    live = live.slice(-LIVE_KEEP).filter((sample) => keepFrom === null || sample.t >= keepFrom);
+    live = live.slice(-LIVE_KEEP).filter((sample) => sample.t >= data.window.since);
   }
 
   function render(data) {
     remember(data);
     renderTiles(data);
     renderQueue(data);
+    renderOldest(data);
     renderWaits(data);
     renderGpus(data);
     renderRates(data);
@@ -501,9 +596,18 @@
     renderTimeline(data);
   }
 
+  function windowQuery() {
+    return new URLSearchParams({ minutes: minutesSelect.value, timeline_s: timelineSelect.value });
+  }
+
+  // The pickers' choice goes into the page's own URL, so that a link shows the same windows.
+  function rememberInUrl() {
+    history.replaceState(null, "", location.pathname + "?" + windowQuery());
+  }
+
   async function refresh() {
     clearTimeout(timer);
-    const query = new URLSearchParams({ minutes: minutesSelect.value, timeline_s: timelineSelect.value });
+    const query = windowQuery();
     try {
       const response = await fetch(config.dataUrl + "?" + query, {
         headers: { Accept: "application/json" },
@@ -526,7 +630,13 @@
     }
   }
 
-  minutesSelect.addEventListener("change", refresh);
-  timelineSelect.addEventListener("change", refresh);
+  minutesSelect.addEventListener("change", () => {
+    rememberInUrl();
+    refresh();
+  });
+  timelineSelect.addEventListener("change", () => {
+    rememberInUrl();
+    refresh();
+  });
   refresh();
 })();
