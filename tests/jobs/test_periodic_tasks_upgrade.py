@@ -1,6 +1,7 @@
-"""Upgrading a database whose beat wrote its own periodic tasks under their old names
-("reap-expired-leases"): the rows are renamed to "clockq: ..." and keep their schedule, and none
-is left under either name twice, so that beat sends each task once."""
+"""Upgrading a database made before a periodic task changed: beat's own tasks written under their
+old names ("reap-expired-leases") are renamed to "clockq: ..." and keep their schedule, none is
+left under either name twice (so that beat sends each task once), and a task added since is
+created."""
 
 from __future__ import annotations
 
@@ -44,3 +45,13 @@ def test_every_periodic_task_is_named_in_one_style():
 
     names = [*settings.CELERY_BEAT_SCHEDULE, *(p.name for p in periodic_tasks())]
     assert all(name.startswith("clockq: ") and name == name.replace("-", " ") for name in names), names
+
+
+def test_the_queue_sample_task_is_created_on_an_older_database():
+    old = migrate(BEFORE)
+    old.get_model("django_celery_beat", "PeriodicTask").objects.filter(name="clockq: queue sample").delete()
+
+    migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+
+    sample = PeriodicTask.objects.get(name="clockq: queue sample")
+    assert (sample.task, sample.interval.every, sample.queue) == ("clockq.queue_sample", 5, settings.CONTROL_QUEUE)
