@@ -211,7 +211,9 @@ def _submit_batch(request):
     if errors:
         return Response({"detail": "Nothing was submitted: some entries are refused.", "errors": errors}, status=400)
     created = services.submit_jobs(request.user, submissions)
-    return Response(JobSerializer(created, many=True, context={"request": request}).data, status=status.HTTP_201_CREATED)
+    return Response(
+        JobSerializer(created, many=True, context={"request": request}).data, status=status.HTTP_201_CREATED
+    )
 
 
 @extend_schema(

@@ -61,8 +61,8 @@ def context(job: Job, query) -> dict:
         "job": job,
         "show": show,
         "recent": RECENT,
-        "slices": _listing(slices, query.get("page") if show == "slices" else None),
-        "events": _listing(events, query.get("page") if show == "events" else None),
+        "slices": _listing(slices, query.get("page", 1) if show == "slices" else None),
+        "events": _listing(events, query.get("page", 1) if show == "events" else None),
         "slice_total": timeline["slices"] if timeline else 0,
         "timeline": timeline,
         "has_metrics": job.metrics.exists(),
@@ -74,7 +74,7 @@ def context(job: Job, query) -> dict:
     return page
 
 
-def _listing(rows, page_number: str | None) -> dict:
+def _listing(rows, page_number: str | int | None) -> dict:
     """The newest RECENT rows and whether there are more; with a page number, that page of all."""
     if page_number is None:
         newest = list(rows[: RECENT + 1])

@@ -68,8 +68,7 @@ class JobSerializer(BuiltOnceFields, serializers.ModelSerializer):
         "reopens. Null otherwise."
     )
     last_error = serializers.SerializerMethodField(
-        help_text="Why the job last failed, in one line: the exception, without server paths. Empty if it never "
-        "failed."
+        help_text="Why the job last failed, in one line: the exception, without server paths. Empty if it never failed."
     )
     last_error_traceback = serializers.SerializerMethodField(
         help_text="Staff only: the full error the worker recorded (a traceback). Null for anyone else, and when "
@@ -122,7 +121,6 @@ class JobSerializer(BuiltOnceFields, serializers.ModelSerializer):
         if "control_state" not in self.context:
             self.context["control_state"] = control.admission()
         return admission_note(self.context["control_state"])
-
 
     @extend_schema_field({"type": "string"})
     def get_last_error(self, job: Job) -> str:
