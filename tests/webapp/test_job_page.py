@@ -100,7 +100,7 @@ def test_the_page_weighs_the_same_and_takes_the_same_queries_for_20_or_10000_sli
         assert len(timeline["spans"]) <= job_page.TIMELINE_SPANS
     big = pages[10_000][0]
     assert big.count("(newest first)") == 2
-    assert f"The newest {job_page.RECENT} of 10000." in big and 'href="?show=slices#slices"' in big
+    assert f"The newest {job_page.RECENT} of 10,000." in big and 'href="?show=slices#slices"' in big
     assert 'href="?show=events#events"' in big
     small = pages[20][0]
     assert "?show=slices" not in small and "?show=events" not in small  # nothing more to show

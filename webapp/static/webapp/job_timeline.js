@@ -38,12 +38,16 @@
     .filter((trace) => trace.x.length);
 
   Plotly.react(chart, traces, {
-    margin: { t: 10, r: 10, b: 40, l: 10 },
+    margin: { t: 30, r: 10, b: 40, l: 10 },
     barmode: "overlay",
     bargap: 0.2,
-    xaxis: { type: "date", title: { text: time ? "time (" + time.zone + ")" : "time" } },
+    xaxis: {
+      type: "date",
+      tickformat: "%H:%M:%S",
+      title: { text: "from " + stamp(0).slice(0, 19) + (time ? " (" + time.zone + ")" : "") },
+    },
     yaxis: { visible: false },
-    legend: { orientation: "h", y: -0.6 },
+    legend: { orientation: "h", x: 0, y: 1, yanchor: "bottom" },
     showlegend: true,
   }, { displaylogo: false, responsive: true });
 })();
