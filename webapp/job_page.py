@@ -57,7 +57,7 @@ def context(job: Job, query) -> dict:
     slices = job.slices.order_by("-started_at", "-id")
     events = job.events.order_by("-at", "-id")
     timeline = slice_timeline(job.pk)
-    page = {
+    return {
         "job": job,
         "show": show,
         "recent": RECENT,
@@ -71,7 +71,6 @@ def context(job: Job, query) -> dict:
         if job.held_for_admission and job.state == "held"
         else None,
     }
-    return page
 
 
 def _listing(rows, page_number: str | int | None) -> dict:
