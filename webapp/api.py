@@ -178,7 +178,7 @@ def jobs(request):
         return Response(errors, status=400)
     paginator = PageNumberPagination()
     page = paginator.paginate_queryset(queryset, request)
-    return paginator.get_paginated_response(JobSerializer(page, many=True).data)
+    return paginator.get_paginated_response(JobSerializer(page, many=True, context={"request": request}).data)
 
 
 def _filtered(queryset, query) -> tuple:
@@ -209,7 +209,7 @@ def _submit(request):
         return Response(errors, status=400)
     # A QuotaExceeded from here is answered 400 with its message (webapp/api_errors.py).
     job = services.submit_job(owner=request.user, **form.submission())
-    return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+    return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
 class _ApiSubmitForm(JobSubmitForm):
@@ -263,7 +263,9 @@ def _submit_batch(request):
     if errors:
         return Response({"detail": "Nothing was submitted: some entries are refused.", "errors": errors}, status=400)
     created = services.submit_jobs(request.user, submissions)
-    return Response(JobSerializer(created, many=True).data, status=status.HTTP_201_CREATED)
+    return Response(
+        JobSerializer(created, many=True, context={"request": request}).data, status=status.HTTP_201_CREATED
+    )
 
 
 @extend_schema(
@@ -281,7 +283,7 @@ def _submit_batch(request):
 @api_view(["GET"])
 def job_detail(request, job_id: int):
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
-    data = JobSerializer(job).data
+    data = JobSerializer(job, context={"request": request}).data
     if request.query_params.get("history"):
         data["slice_history"] = SliceSerializer(job.slices.all()[:500], many=True).data
         data["events"] = EventSerializer(job.events.all()[:500], many=True).data
@@ -307,7 +309,7 @@ def job_cancel(request, job_id: int):
         job = services.cancel_job(job, actor=request.user.get_username())
     except services.ActionRefused as exc:
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
-    return Response(JobSerializer(job).data)
+    return Response(JobSerializer(job, context={"request": request}).data)
 
 
 @extend_schema(
@@ -342,7 +344,7 @@ def job_promote(request, job_id: int):
         job = promotion.promote_job(job, actor=request.user.get_username(), to_tier_code=tier)
     except services.ActionRefused as exc:
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
-    return Response(JobSerializer(job).data)
+    return Response(JobSerializer(job, context={"request": request}).data)
 
 
 @extend_schema(

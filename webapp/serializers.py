@@ -11,6 +11,7 @@ from clockq.control_state import control
 from clockq.jobs import workload_params, workloads
 from clockq.jobs.models import Job, JobEvent, Slice
 from clockq.policy.tiers import TIER_CODES
+from webapp.templatetags.clockq_format import error_line
 
 
 class SliceSerializer(serializers.ModelSerializer):
@@ -66,6 +67,13 @@ class JobSerializer(BuiltOnceFields, serializers.ModelSerializer):
         help_text="Set while the job is held because admission is closed: why, and that it runs when admission "
         "reopens. Null otherwise."
     )
+    last_error = serializers.SerializerMethodField(
+        help_text="Why the job last failed, in one line: the exception, without server paths. Empty if it never failed."
+    )
+    last_error_traceback = serializers.SerializerMethodField(
+        help_text="Staff only: the full error the worker recorded (a traceback). Null for anyone else, and when "
+        "the job never failed."
+    )
 
     class Meta:
         model = Job
@@ -86,6 +94,7 @@ class JobSerializer(BuiltOnceFields, serializers.ModelSerializer):
             "checkpoint_generation",
             "failures",
             "last_error",
+            "last_error_traceback",
             "pending_action",
             "worker",
             "submitted_at",
@@ -112,6 +121,17 @@ class JobSerializer(BuiltOnceFields, serializers.ModelSerializer):
         if "control_state" not in self.context:
             self.context["control_state"] = control.admission()
         return admission_note(self.context["control_state"])
+
+    @extend_schema_field({"type": "string"})
+    def get_last_error(self, job: Job) -> str:
+        return error_line(job.last_error)
+
+    @extend_schema_field({"type": "string", "nullable": True})
+    def get_last_error_traceback(self, job: Job) -> str | None:
+        # The API's views pass the request; without one (no caller known) nobody is staff.
+        request = self.context.get("request")
+        staff = bool(request and request.user.is_staff)
+        return job.last_error if staff and job.last_error else None
 
 
 def admission_note(state) -> str:

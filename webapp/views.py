@@ -12,6 +12,7 @@ from django.views.decorators.http import require_POST
 from clockq.control_state import control
 from clockq.jobs import client_input, services
 from clockq.jobs import metrics as job_metrics
+from webapp import job_page
 from webapp.access import visible_jobs
 from webapp.forms import WebJobForm, posted_fields
 from webapp.results_api import result_file_response
@@ -65,19 +66,7 @@ def job_new(request):
 @login_required
 def job_detail(request, job_id: int):
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
-    return render(
-        request,
-        "webapp/job_detail.html",
-        {
-            "job": job,
-            "slices": job.slices.order_by("-started_at", "-id")[:200],
-            "events": job.events.order_by("-at", "-id")[:100],
-            "has_metrics": job.metrics.exists(),
-            "admission_note": admission_note(control.admission())
-            if job.held_for_admission and job.state == "held"
-            else None,
-        },
-    )
+    return render(request, "webapp/job_detail.html", job_page.context(job, request.GET))
 
 
 @login_required

@@ -121,7 +121,7 @@ def test_no_admin_for_a_user_who_is_not_staff(page, alice):
     assert "not authorized to access this page" in page.locator("body").inner_text()
 
 
-def test_the_job_page_draws_its_metric_curves_with_slice_ends(page, alice):
+def test_the_job_page_draws_its_metric_curves_and_apart_its_slice_timeline(page, alice):
     from datetime import timedelta
 
     from django.utils import timezone
@@ -136,11 +136,23 @@ def test_the_job_page_draws_its_metric_curves_with_slice_ends(page, alice):
         loss.add(step, 1.0 / step)
     metrics.save(job.pk, {"loss": loss}, ["loss"])
     now = timezone.now()
-    for step, preempted in ((40, False), (70, True)):
+    for seconds, step, outcome, preempted in (
+        (3, 20, "continued", False),
+        (2, 40, "yielded", False),
+        (1, 70, "yielded", True),
+    ):
         Slice.objects.create(
-            job=job, worker="gpu0@t", gpu_index=0, started_at=now - timedelta(seconds=1), ended_at=now,
-            planned_ms=50, used_ms=50, outcome="yielded", last_step=step, preempted=preempted,
-        )  # fmt: skip
+            job=job,
+            worker="gpu0@t",
+            gpu_index=0,
+            started_at=now - timedelta(seconds=seconds),
+            ended_at=now - timedelta(seconds=seconds - 0.5),
+            planned_ms=500,
+            used_ms=500,
+            outcome=outcome,
+            last_step=step,
+            preempted=preempted,
+        )
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
 
@@ -150,7 +162,13 @@ def test_the_job_page_draws_its_metric_curves_with_slice_ends(page, alice):
     chart.locator("g.trace.scatter").first.wait_for()
     assert chart.locator("g.trace.scatter").count() == 1  # the loss curve
     assert chart.locator("path.js-line").count() >= 1
-    assert page.evaluate("document.getElementById('metrics-chart').layout.shapes.length") == 2
-    colours = page.evaluate("document.getElementById('metrics-chart').layout.shapes.map(s => s.line.color)")
-    assert colours == ["#999", "#d62728"]  # a yield, then an RT preemption
+    assert page.evaluate("(document.getElementById('metrics-chart').layout.shapes || []).length") == 0  # no slice lines
+
+    timeline = page.locator("#slice-timeline.js-plotly-plot")
+    timeline.locator("g.point").first.wait_for()
+    assert timeline.locator("g.point").count() == 3  # one span a slice
+    drawn = page.evaluate(
+        "document.getElementById('slice-timeline').data.map(t => [t.name, t.marker.color, t.x.length])"
+    )
+    assert drawn == [["continued", "#0969da", 1], ["yielded", "#bf8700", 1], ["preempted", "#d62728", 1]]
     assert errors == []

@@ -1,6 +1,6 @@
-// The job page's metric curves: one line per metric against the job's step, a grey dotted line
-// at each slice end where the job made way for another, a red one where an RT job preempted it
-// (from GET /api/jobs/<id>/metrics).
+// The job page's metric curves: one line per metric against the job's step (from
+// GET /api/jobs/<id>/metrics). How the job's slices ended is drawn apart, on the slice timeline
+// (job_timeline.js), so a long job's curve stays readable.
 (function () {
   "use strict";
   const chart = document.getElementById("metrics-chart");
@@ -14,16 +14,9 @@
       mode: "lines",
       type: "scatter",
     }));
-    const shapes = data.slice_ends
-      .filter((end) => end.outcome === "yielded")
-      .map((end) => ({
-        type: "line", xref: "x", yref: "paper", x0: end.step, x1: end.step, y0: 0, y1: 1,
-        line: { width: 1, dash: "dot", color: end.preempted ? "#d62728" : "#999" },
-      }));
     Plotly.react(chart, traces, {
       margin: { t: 10, r: 10, b: 40, l: 50 },
       xaxis: { title: { text: "step" } },
-      shapes: shapes,
       legend: { orientation: "h" },
     }, { displaylogo: false, responsive: true });
   }
