@@ -19,7 +19,7 @@ from django.db.models import Count, ExpressionWrapper, F, IntegerField, Max, Min
 from clockq.control_state import control
 from clockq.jobs.models import Job, Slice
 from clockq.policy.slicing import SliceOutcome
-from webapp.dashboard import PROMOTION_PREFIXES
+from webapp.dashboard_timeline import PROMOTION_PREFIXES
 from webapp.serializers import admission_note
 
 RECENT = 20  # the newest slices and events the page shows

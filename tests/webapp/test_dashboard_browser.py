@@ -135,6 +135,22 @@ def test_every_chart_draws_from_local_files_and_refreshes_in_place(watched_page,
     assert [text for _y, text in top_down] == ["promotions", f"GPU 0 · {GPU0}", f"GPU 1 · {GPU1}"]
     tiles = page.locator("#dash-tiles").inner_text()
     assert "SP waiting / running" in tiles
+    # A promotion's reason shows in full on hover, in lines that stay inside the chart.
+    from clockq.jobs.models import JobEvent
+
+    reason = JobEvent.objects.get(reason__startswith="promoted ").reason
+    point = timeline.locator(".scatterlayer .trace").nth(3).locator(".point").first
+    point.scroll_into_view_if_needed()
+    marker = point.bounding_box()
+    x, y = marker["x"] + marker["width"] / 2, marker["y"] + marker["height"] / 2
+    page.mouse.move(x - 5, y)
+    page.mouse.move(x, y, steps=5)  # Plotly hovers on its own mouse moves, over its drag layer
+    hover = timeline.locator(".hoverlayer .hovertext")
+    hover.wait_for()
+    shown = " ".join(hover.locator("tspan.line").all_text_contents())
+    assert reason in shown and hover.locator("tspan.line").count() > 1, shown
+    box, chart = hover.bounding_box(), timeline.bounding_box()
+    assert chart["x"] <= box["x"] and box["x"] + box["width"] <= chart["x"] + chart["width"]
 
     # It refreshes by itself, redrawing the same plot in place: no reload.
     page.evaluate("window.notReloaded = true")

@@ -3,6 +3,25 @@
 (function () {
   "use strict";
 
+  // Plotly's hover labels do not wrap, so a long line (a promotion's full reason) ran off the
+  // chart and was cut mid-sentence. Break it at spaces into lines of at most `width` characters,
+  // escaping what Plotly would read as markup (job names are the users' own text).
+  function hoverLines(text, width = 72) {
+    const escaped = String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    const lines = [];
+    let line = "";
+    for (const word of escaped.split(" ")) {
+      if (line && line.length + 1 + word.length > width) {
+        lines.push(line);
+        line = word;
+      } else {
+        line = line ? line + " " + word : word;
+      }
+    }
+    lines.push(line);
+    return lines.join("<br>");
+  }
+
   const config = JSON.parse(document.getElementById("dashboard-config").textContent);
   const minutesSelect = document.getElementById("dash-minutes");
   const timelineSelect = document.getElementById("dash-timeline");
@@ -521,7 +540,7 @@
       name: name,
       x: points.map((p) => p.x),
       y: points.map((p) => p.y),
-      text: points.map(text),
+      text: points.map((p) => hoverLines(text(p))),
       hovertemplate: "%{text}<extra></extra>",
       marker: marker,
       cliponaxis: false,
