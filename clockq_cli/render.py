@@ -150,7 +150,9 @@ def job_detail(job: dict[str, Any], metrics: dict[str, Any] | None, result: dict
     parts += _events(job.get("events") or [])
     parts += _metrics(metrics)
     if job.get("last_error"):
-        parts += [Text("\nlast error", style="bold"), Text(job["last_error"].rstrip())]
+        # Staff get the whole traceback (`last_error_traceback`); everyone else, its last line.
+        error = job.get("last_error_traceback") or job["last_error"]
+        parts += [Text("\nlast error", style="bold"), Text(error.rstrip())]
     parts.append(result_table(result) if result else Text("\nno result (yet)", style="dim"))
     return Group(*parts)
 

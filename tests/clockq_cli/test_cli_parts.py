@@ -118,3 +118,23 @@ def test_make_installs_the_clockq_command_into_the_venv():
     # Then `make venv` put it beside the interpreter, and it runs
     done = subprocess.run([venv / "bin" / "clockq", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "Exit codes" in done.stdout
+
+
+def test_show_gives_staff_the_whole_traceback_and_others_the_last_line():
+    from rich.console import Console
+
+    from clockq_cli import render
+
+    job = {"id": 7, "name": "j", "state": "failed", "owner": "alice", "tier": "SP", "original_tier": "SP"}
+    job["workload"] = "synthetic"
+    line = "ValueError: bad batch"
+    trace = f'Traceback (most recent call last):\n  File "…/train.py", line 3, in step\n{line}'
+
+    def shown(**fields) -> str:
+        console = Console(file=io.StringIO(), width=200)
+        console.print(render.job_detail({**job, **fields}, None, None))
+        return console.file.getvalue()
+
+    assert line in shown(last_error=line, last_error_traceback=None)
+    assert "Traceback" not in shown(last_error=line, last_error_traceback=None)
+    assert "Traceback" in shown(last_error=line, last_error_traceback=trace)
