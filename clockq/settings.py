@@ -32,6 +32,7 @@ from clockq.env import (
 from clockq.policy import control as _control
 from clockq.policy.ordering import BASE_LADDER_GPU_S, Ladder
 from clockq.policy.tiers import QUEUES_IN_ORDER
+from clockq.stack import ports as _ports
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Every file a clockq process makes (the SQLite database, secrets, checkpoints, logs) is its own:
@@ -243,9 +244,17 @@ LOGGING = {
 
 # --- broker and Celery ----------------------------------------------------------------------
 
-EMBEDDED_REDIS_PORT = env_int("CLOCKQ_EMBEDDED_REDIS_PORT", 6390, min_value=1024, max_value=65535)
 # Without REDIS_URL, clockq uses the embedded broker that `make run` starts, with a password
-# generated once and kept in a 0600 file.
+# generated once and kept in a 0600 file, on CLOCKQ_EMBEDDED_REDIS_PORT, else the port that
+# `make run` recorded in var/redis.url when 6390 was taken (clockq/stack/ports.py), else 6390.
+# Every process of this checkout (manage.py, `celery -A clockq`, the benchmarks) reads it here.
+try:
+    _recorded_redis_port = _ports.recorded_port(VAR_DIR)
+except ValueError as _exc:
+    raise ImproperlyConfigured(str(_exc)) from None
+EMBEDDED_REDIS_PORT = env_int(
+    "CLOCKQ_EMBEDDED_REDIS_PORT", _recorded_redis_port or _ports.DEFAULT_REDIS_PORT, min_value=1024, max_value=65535
+)
 EMBEDDED_REDIS_PASSWORD_FILE = VAR_DIR / "redis-password"
 _redis_url = env_or_file("REDIS_URL")
 # True when this host uses the broker `make run` starts for itself: no other host can reach it.
