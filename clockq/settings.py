@@ -429,12 +429,18 @@ CLOCKQ_ADMISSION_REOPEN_BELOW = env_float(
 )
 CLOCKQ_ADMISSION_HOLDS = env_choice("CLOCKQ_ADMISSION_HOLDS", _control.HOLD_WHEN_FULL, _control.HOLD_MODES)
 CLOCKQ_MAX_GPU_WORKERS = env_int("CLOCKQ_MAX_GPU_WORKERS", _control.MAX_WORKERS, min_value=1, max_value=100_000)
+# Admission acts on a persistence forecast (what the predictor serves until a model beats it) only
+# once this many load samples are kept; before that it stays open. A model's forecast acts at once.
+CLOCKQ_ADMISSION_WARMUP_SAMPLES = env_int(
+    "CLOCKQ_ADMISSION_WARMUP_SAMPLES", _control.WARMUP_SAMPLES, min_value=0, max_value=1_000_000
+)
 if _problems := _control.threshold_problems(
     _control.Thresholds(
         close_above=CLOCKQ_ADMISSION_CLOSE_ABOVE,
         reopen_below=CLOCKQ_ADMISSION_REOPEN_BELOW,
         max_workers=CLOCKQ_MAX_GPU_WORKERS,
         hold=CLOCKQ_ADMISSION_HOLDS,
+        warmup_samples=CLOCKQ_ADMISSION_WARMUP_SAMPLES,
     )
 ):
     raise ImproperlyConfigured("CLOCKQ_ADMISSION_*: " + " ".join(p.message for p in _problems))

@@ -76,6 +76,7 @@ def job_detail(request, job_id: int):
             "admission_note": admission_note(control.admission())
             if job.held_for_admission and job.state == "held"
             else None,
+            "held_release": control.held_release(job),
         },
     )
 
