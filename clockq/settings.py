@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
@@ -48,6 +49,14 @@ if len(SECRET_KEY) < 32:
         "SECRET_KEY is shorter than 32 characters: use a long random value, e.g. from "
         "`python -c 'import secrets; print(secrets.token_urlsafe(48))'`, or leave it unset on one machine"
     )
+# Sessions are in the database and signed with SECRET_KEY, which a single machine keeps in
+# var/secret_key: a restart keeps every user logged in. Cookies belong to a host name, not to a
+# port, so two clockqs on one machine (localhost:8000 and :8001) would overwrite each other's
+# session and CSRF cookies, each logging the other's users out: the names carry a digest of
+# SECRET_KEY, the same for every host of one cluster and across restarts, different elsewhere.
+_COOKIE_TAG = hashlib.sha256(b"clockq cookie names\0" + SECRET_KEY.encode()).hexdigest()[:10]
+SESSION_COOKIE_NAME = f"clockq_session_{_COOKIE_TAG}"
+CSRF_COOKIE_NAME = f"clockq_csrf_{_COOKIE_TAG}"
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -230,15 +239,29 @@ REST_KNOX = {
     "AUTO_REFRESH": False,
 }
 
+CLOCKQ_LOG_LEVEL = env_choice("CLOCKQ_LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")).upper()
+# Celery's own line for every task received and every task done is a line per slice on a GPU
+# worker (thousands an hour): DEBUG, shown only with CLOCKQ_LOG_LEVEL=DEBUG. Failures and retries
+# still log. A job's end is one INFO line of clockq's (workers/run/summary.py).
+_PER_TASK_LEVEL = "DEBUG" if CLOCKQ_LOG_LEVEL == "DEBUG" else "WARNING"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"health_answers": {"()": "clockq.stack.log_filters.HealthAnswerFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "clockq": {"handlers": ["console"], "level": env_str("CLOCKQ_LOG_LEVEL") or "INFO", "propagate": False},
-        # Every 500 leaves its traceback in the log, whatever DEBUG says.
-        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
+        "clockq": {"handlers": ["console"], "level": CLOCKQ_LOG_LEVEL, "propagate": False},
+        # Every 500 leaves its traceback in the log, whatever DEBUG says; /healthz's 503 is its
+        # answer (not ready yet, or no more), not a server error: INFO (clockq/stack/log_filters.py).
+        "django.request": {
+            "handlers": ["console"],
+            "level": "ERROR",
+            "propagate": False,
+            "filters": ["health_answers"],
+        },
+        "celery.app.trace": {"level": _PER_TASK_LEVEL},
+        "celery.worker.strategy": {"level": _PER_TASK_LEVEL},
     },
 }
 
