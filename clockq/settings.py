@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
 from clockq.env import (
+    embedded_redis_port,
     env_bool,
     env_choice,
     env_float,
@@ -33,7 +34,7 @@ from clockq.env import (
 from clockq.policy import control as _control
 from clockq.policy.ordering import BASE_LADDER_GPU_S, Ladder
 from clockq.policy.tiers import QUEUES_IN_ORDER
-from clockq.stack import ports as _ports
+from clockq.stack.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Every file a clockq process makes (the SQLite database, secrets, checkpoints, logs) is its own:
@@ -49,11 +50,9 @@ if len(SECRET_KEY) < 32:
         "SECRET_KEY is shorter than 32 characters: use a long random value, e.g. from "
         "`python -c 'import secrets; print(secrets.token_urlsafe(48))'`, or leave it unset on one machine"
     )
-# Sessions are in the database and signed with SECRET_KEY, which a single machine keeps in
-# var/secret_key: a restart keeps every user logged in. Cookies belong to a host name, not to a
-# port, so two clockqs on one machine (localhost:8000 and :8001) would overwrite each other's
-# session and CSRF cookies, each logging the other's users out: the names carry a digest of
-# SECRET_KEY, the same for every host of one cluster and across restarts, different elsewhere.
+# Sessions are in the database, signed with SECRET_KEY (kept in var/secret_key): a restart keeps
+# users logged in. Cookies belong to a host name, not a port: two clockqs on one machine would
+# overwrite each other's, so their names carry a digest of SECRET_KEY (one per cluster).
 _COOKIE_TAG = hashlib.sha256(b"clockq cookie names\0" + SECRET_KEY.encode()).hexdigest()[:10]
 SESSION_COOKIE_NAME = f"clockq_session_{_COOKIE_TAG}"
 CSRF_COOKIE_NAME = f"clockq_csrf_{_COOKIE_TAG}"
@@ -240,43 +239,16 @@ REST_KNOX = {
 }
 
 CLOCKQ_LOG_LEVEL = env_choice("CLOCKQ_LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")).upper()
-# Celery's own line for every task received and every task done is a line per slice on a GPU
-# worker (thousands an hour): DEBUG, shown only with CLOCKQ_LOG_LEVEL=DEBUG. Failures and retries
-# still log. A job's end is one INFO line of clockq's (workers/run/summary.py).
-_PER_TASK_LEVEL = "DEBUG" if CLOCKQ_LOG_LEVEL == "DEBUG" else "WARNING"
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"health_answers": {"()": "clockq.stack.log_filters.HealthAnswerFilter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {
-        "clockq": {"handlers": ["console"], "level": CLOCKQ_LOG_LEVEL, "propagate": False},
-        # Every 500 leaves its traceback in the log, whatever DEBUG says; /healthz's 503 is its
-        # answer (not ready yet, or no more), not a server error: INFO (clockq/stack/log_filters.py).
-        "django.request": {
-            "handlers": ["console"],
-            "level": "ERROR",
-            "propagate": False,
-            "filters": ["health_answers"],
-        },
-        "celery.app.trace": {"level": _PER_TASK_LEVEL},
-        "celery.worker.strategy": {"level": _PER_TASK_LEVEL},
-    },
-}
+# Celery's per-task lines at DEBUG, /healthz's 503 at INFO, 500s with their traceback (clockq/stack/logs.py).
+LOGGING = logging_config(CLOCKQ_LOG_LEVEL)
 
 # --- broker and Celery ----------------------------------------------------------------------
 
-# Without REDIS_URL, clockq uses the embedded broker that `make run` starts, with a password
-# generated once and kept in a 0600 file, on CLOCKQ_EMBEDDED_REDIS_PORT, else the port that
-# `make run` recorded in var/redis.url when 6390 was taken (clockq/stack/ports.py), else 6390.
-# Every process of this checkout (manage.py, `celery -A clockq`, the benchmarks) reads it here.
-try:
-    _recorded_redis_port = _ports.recorded_port(VAR_DIR)
-except ValueError as _exc:
-    raise ImproperlyConfigured(str(_exc)) from None
+# Without REDIS_URL, clockq uses the embedded broker that `make run` starts, with a password kept
+# in a 0600 file, on CLOCKQ_EMBEDDED_REDIS_PORT, else the port `make run` recorded in var/redis.url
+# when 6390 was taken (clockq/stack/ports.py; manage.py and `celery -A clockq` read it here).
 EMBEDDED_REDIS_PORT = env_int(
-    "CLOCKQ_EMBEDDED_REDIS_PORT", _recorded_redis_port or _ports.DEFAULT_REDIS_PORT, min_value=1024, max_value=65535
+    "CLOCKQ_EMBEDDED_REDIS_PORT", embedded_redis_port(VAR_DIR), min_value=1024, max_value=65535
 )
 EMBEDDED_REDIS_PASSWORD_FILE = VAR_DIR / "redis-password"
 _redis_url = env_or_file("REDIS_URL")
