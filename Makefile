@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # GPU hosts: make run REQUIREMENTS=requirements-gpu.txt (CUDA build of TensorFlow).
 REQUIREMENTS ?= requirements.txt
 
-.PHONY: run demo test test-all browser sandbox prometheus compose lint docs format bench clean
+.PHONY: run demo ports test test-all browser sandbox prometheus compose lint docs format bench clean
 
 # The last install puts the `clockq` command (pyproject.toml's [project.scripts]) in .venv/bin,
 # editable: it runs this checkout's clockq_cli/, so an edit needs no reinstall.
@@ -19,10 +19,16 @@ $(STAMP): $(REQUIREMENTS) requirements-base.txt requirements-dev.txt pyproject.t
 
 venv: $(STAMP)
 
-run: $(STAMP) sandbox
+# The ports first (web, Flower, the embedded Redis), with the system's python3 and nothing
+# installed: a taken one stops `make run` before the install, saying which and how to choose
+# another; a taken Redis port is replaced by a free one, recorded in var/redis.url.
+ports:
+	@$(PYTHON) clockq/stack/ports.py
+
+run: ports $(STAMP) sandbox
 	$(PY) manage.py runstack
 
-demo: $(STAMP) sandbox
+demo: ports $(STAMP) sandbox
 	$(PY) manage.py runstack --demo
 
 # Debian packages that parts of clockq need, installed only when missing: with neither root nor

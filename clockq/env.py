@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from clockq.stack import ports
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -186,6 +188,15 @@ def parse_scale_hook(raw: str) -> ScaleHook:
     except ValueError as exc:
         raise ValueError(f"cannot split the command {value!r}: {exc}") from None
     return ScaleHook(argv=tuple(argv))
+
+
+def embedded_redis_port(var_dir: Path) -> int:
+    """The embedded Redis's port when no variable sets it: the one `make run` recorded in
+    var/redis.url because 6390 was taken (clockq/stack/ports.py), else 6390."""
+    try:
+        return ports.recorded_port(var_dir) or ports.DEFAULT_REDIS_PORT
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 def persistent_secret(path: Path, nbytes: int = 48) -> str:

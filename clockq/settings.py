@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
@@ -14,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
 from clockq.env import (
+    embedded_redis_port,
     env_bool,
     env_choice,
     env_float,
@@ -32,6 +34,7 @@ from clockq.env import (
 from clockq.policy import control as _control
 from clockq.policy.ordering import BASE_LADDER_GPU_S, Ladder
 from clockq.policy.tiers import QUEUES_IN_ORDER
+from clockq.stack.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Every file a clockq process makes (the SQLite database, secrets, checkpoints, logs) is its own:
@@ -47,6 +50,12 @@ if len(SECRET_KEY) < 32:
         "SECRET_KEY is shorter than 32 characters: use a long random value, e.g. from "
         "`python -c 'import secrets; print(secrets.token_urlsafe(48))'`, or leave it unset on one machine"
     )
+# Sessions are in the database, signed with SECRET_KEY (kept in var/secret_key): a restart keeps
+# users logged in. Cookies belong to a host name, not a port: two clockqs on one machine would
+# overwrite each other's, so their names carry a digest of SECRET_KEY (one per cluster).
+_COOKIE_TAG = hashlib.sha256(b"clockq cookie names\0" + SECRET_KEY.encode()).hexdigest()[:10]
+SESSION_COOKIE_NAME = f"clockq_session_{_COOKIE_TAG}"
+CSRF_COOKIE_NAME = f"clockq_csrf_{_COOKIE_TAG}"
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -229,23 +238,18 @@ REST_KNOX = {
     "AUTO_REFRESH": False,
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {
-        "clockq": {"handlers": ["console"], "level": env_str("CLOCKQ_LOG_LEVEL") or "INFO", "propagate": False},
-        # Every 500 leaves its traceback in the log, whatever DEBUG says.
-        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
-    },
-}
+CLOCKQ_LOG_LEVEL = env_choice("CLOCKQ_LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")).upper()
+# Celery's per-task lines at DEBUG, /healthz's 503 at INFO, 500s with their traceback (clockq/stack/logs.py).
+LOGGING = logging_config(CLOCKQ_LOG_LEVEL)
 
 # --- broker and Celery ----------------------------------------------------------------------
 
-EMBEDDED_REDIS_PORT = env_int("CLOCKQ_EMBEDDED_REDIS_PORT", 6390, min_value=1024, max_value=65535)
-# Without REDIS_URL, clockq uses the embedded broker that `make run` starts, with a password
-# generated once and kept in a 0600 file.
+# Without REDIS_URL, clockq uses the embedded broker that `make run` starts, with a password kept
+# in a 0600 file, on CLOCKQ_EMBEDDED_REDIS_PORT, else the port `make run` recorded in var/redis.url
+# when 6390 was taken (clockq/stack/ports.py; manage.py and `celery -A clockq` read it here).
+EMBEDDED_REDIS_PORT = env_int(
+    "CLOCKQ_EMBEDDED_REDIS_PORT", embedded_redis_port(VAR_DIR), min_value=1024, max_value=65535
+)
 EMBEDDED_REDIS_PASSWORD_FILE = VAR_DIR / "redis-password"
 _redis_url = env_or_file("REDIS_URL")
 # True when this host uses the broker `make run` starts for itself: no other host can reach it.
@@ -422,12 +426,18 @@ CLOCKQ_ADMISSION_REOPEN_BELOW = env_float(
 )
 CLOCKQ_ADMISSION_HOLDS = env_choice("CLOCKQ_ADMISSION_HOLDS", _control.HOLD_WHEN_FULL, _control.HOLD_MODES)
 CLOCKQ_MAX_GPU_WORKERS = env_int("CLOCKQ_MAX_GPU_WORKERS", _control.MAX_WORKERS, min_value=1, max_value=100_000)
+# Admission acts on a persistence forecast (what the predictor serves until a model beats it) only
+# once this many load samples are kept; before that it stays open. A model's forecast acts at once.
+CLOCKQ_ADMISSION_WARMUP_SAMPLES = env_int(
+    "CLOCKQ_ADMISSION_WARMUP_SAMPLES", _control.WARMUP_SAMPLES, min_value=0, max_value=1_000_000
+)
 if _problems := _control.threshold_problems(
     _control.Thresholds(
         close_above=CLOCKQ_ADMISSION_CLOSE_ABOVE,
         reopen_below=CLOCKQ_ADMISSION_REOPEN_BELOW,
         max_workers=CLOCKQ_MAX_GPU_WORKERS,
         hold=CLOCKQ_ADMISSION_HOLDS,
+        warmup_samples=CLOCKQ_ADMISSION_WARMUP_SAMPLES,
     )
 ):
     raise ImproperlyConfigured("CLOCKQ_ADMISSION_*: " + " ".join(p.message for p in _problems))

@@ -40,6 +40,7 @@ from clockq.bus import heartbeat
 from clockq.control_state import control, scale_hook
 from clockq.forecasting import forecasts
 from clockq.forecasting.models import ModelVersion
+from clockq.policy import control as rules
 from clockq.policy.load import CAP
 from predictor.evaluation import FRACTIONS, MIN_PART, Split, metrics, select_champion, split_windows
 from predictor.series import WINDOW, Scaler, SeriesError, Windows, horizon_steps, make_windows
@@ -386,7 +387,9 @@ def forecast_and_apply(now: datetime | None = None) -> dict[str, Any] | None:
         log.warning("forecast %.3f recorded but not applied: cannot count the GPU workers (%s)", made.value, exc)
         result["applied"] = False
         return result
-    decisions = control.apply_forecast(made.value, at, workers=workers)
+    # Persistence moves admission only after a warm-up: the control rules weigh what it stands on.
+    samples = forecasts.sample_count() if made.model == rules.PERSISTENCE else 0
+    decisions = control.apply_forecast(made.value, at, workers=workers, basis=rules.Basis(made.model, samples))
     scale_hook.request_scale_out(decisions, current=workers, forecast=made.value)
     forecasts.prune_forecasts(now=at)
     result.update(applied=True, workers=workers, changes=[d.reason for d in decisions])

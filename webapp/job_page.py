@@ -70,6 +70,7 @@ def context(job: Job, query) -> dict:
         "admission_note": admission_note(control.admission())
         if job.held_for_admission and job.state == "held"
         else None,
+        "held_release": control.held_release(job),
     }
 
 

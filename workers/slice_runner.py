@@ -21,6 +21,7 @@ from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import ResultError
 from clockq.policy.slicing import BoundaryAction, SliceOutcome, ewma
 from clockq.policy.states import JobState
+from workers.run import summary
 from workers.run.boundary import SliceBoundary
 from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob, claim_job, give_back
@@ -63,6 +64,7 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
     if job is None:
         return RunOutcome.STALE
     outcome = JobRun(job, runtime).run()
+    summary.log_run(job_id, outcome)
     if runtime.shutting_down():
         # A stopping worker writes what it snapshotted before it exits.
         runtime.persister.flush()

@@ -44,6 +44,7 @@ def thresholds() -> rules.Thresholds:
         reopen_below=settings.CLOCKQ_ADMISSION_REOPEN_BELOW,
         max_workers=settings.CLOCKQ_MAX_GPU_WORKERS,
         hold=settings.CLOCKQ_ADMISSION_HOLDS,
+        warmup_samples=settings.CLOCKQ_ADMISSION_WARMUP_SAMPLES,
     )
     if problems := rules.threshold_problems(t):
         raise ImproperlyConfigured("CLOCKQ_ADMISSION_*: " + " ".join(p.message for p in problems))
@@ -76,6 +77,23 @@ def closed_note(state: ControlState) -> str:
 def release_note(state: ControlState) -> str:
     """When a job held for admission is queued, e.g. 'it is queued when admission reopens'."""
     return rules.release_note(forced=state.forced, hold=thresholds().hold)
+
+
+def held_release(job: Job, now: datetime | None = None) -> rules.ExpectedRelease | None:
+    """When a job held for admission is expected to be queued (`rules.expected_release`), for its
+    page; None for any other job (an operator's hold, or not held)."""
+    if job.state != JobState.HELD or not job.held_for_admission:
+        return None
+    state = admission()
+    return rules.expected_release(
+        admission_open=state.admission_open,
+        forced_by=(state.forced_by or "") if state.forced else None,
+        forecast=state.forecast,
+        forecast_at=state.forecast_at,
+        every_s=settings.CLOCKQ_FORECAST_EVERY_S,
+        now=now or timezone.now(),
+        t=thresholds(),
+    )
 
 
 def holding_note(state: ControlState) -> str:
@@ -116,9 +134,13 @@ class Gate:
         return False, f"{why}; {release_note(self.state)}"
 
 
-def apply_forecast(forecast: float, at: datetime | None = None, workers: int = 0) -> list[rules.Decision]:
+def apply_forecast(
+    forecast: float, at: datetime | None = None, workers: int = 0, basis: rules.Basis | None = None
+) -> list[rules.Decision]:
     """Run the control rules on a forecast and write what changed, with an audit row per change.
-    Returns the changes (empty when nothing changed).
+    Returns the changes (empty when nothing changed). `basis`: the model behind the forecast and
+    the load samples kept (admission leaves persistence alone during its warm-up); None, a
+    forecast acted on as it is.
 
     `workers` is the number of GPU workers alive now. While an operator's override is in force
     only the forecast is recorded. A forecast older than the one recorded is ignored, so a late
@@ -138,7 +160,7 @@ def apply_forecast(forecast: float, at: datetime | None = None, workers: int = 0
             ControlState.objects.filter(pk=state.pk).update(forecast=forecast, forecast_at=at)
             return []
         current = rules.Current(state.admission_open, state.prefetch_on, state.desired_workers)
-        decisions = rules.decide(forecast, current, workers, t)
+        decisions = rules.decide(forecast, current, workers, t, basis)
         changes = [d for d in decisions if d.changed]
         ControlState.objects.filter(pk=state.pk).update(
             **{d.field: d.new for d in decisions},

@@ -20,6 +20,12 @@ service in the core (clockq/control_state/control.py) writes them.
   `hold="all"` is the literal reading of the specification, every new job but RT while
   admission is closed, released when it reopens; an operator's forced closure always holds
   that way.
+- **Persistence waits for a warm-up.** Until a model beats it, the forecast is persistence: the
+  load index now stands for the one 15 minutes ahead. On a fresh installation that is a guess
+  about a burst (a demo's first backlog reads 200% and drains in minutes), so admission acts on
+  persistence only once `warmup_samples` load samples are kept (an hour at one a minute, live);
+  before that it stays open, and a model's forecast acts at once. The replay, which models a
+  cluster in its steady state, runs with no warm-up (`Thresholds.warmup_samples` is 0).
 - **Prefetch** turns on below `prefetch_below` (30%) and off again only above
   `prefetch_off_above` (35%): the same kind of band, narrower, because a wrong prefetch decision
   costs little (some disk and bandwidth), a wrong admission decision a lot.
@@ -35,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 
 from clockq.policy import ordering
 
@@ -44,6 +51,10 @@ PREFETCH_BELOW = 0.30
 PREFETCH_OFF_ABOVE = 0.35
 SCALE_OUT_ABOVE = 0.70
 MAX_WORKERS = 64
+# Load samples kept before a persistence forecast moves admission (the live default of
+# CLOCKQ_ADMISSION_WARMUP_SAMPLES: an hour of samples at one a minute, four horizons).
+WARMUP_SAMPLES = 60
+PERSISTENCE = "persistence"
 # The load index is a ratio that can pass 1 when more is waiting than the GPUs can take; past
 # this it is a broken forecast, not a busy cluster.
 MAX_FORECAST = 100.0
@@ -71,6 +82,22 @@ class Thresholds:
     scale_out_above: float = SCALE_OUT_ABOVE
     max_workers: int = MAX_WORKERS
     hold: str = HOLD_WHEN_FULL  # what a closed admission holds: HOLD_MODES
+    # Load samples kept before a persistence forecast moves admission; 0 acts at once (the
+    # replay's steady state). Live: CLOCKQ_ADMISSION_WARMUP_SAMPLES, WARMUP_SAMPLES by default.
+    warmup_samples: int = 0
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a forecast stands on: the model that made it ("persistence", "linear", "lstm") and
+    the load samples kept when it was made."""
+
+    model: str = PERSISTENCE
+    samples: int = 0
+
+    def warming_up(self, t: Thresholds) -> bool:
+        """Whether admission leaves this forecast alone: persistence, before the warm-up is over."""
+        return self.model == PERSISTENCE and self.samples < t.warmup_samples
 
 
 @dataclass(frozen=True)
@@ -204,8 +231,61 @@ def release_note(*, forced: bool, hold: str) -> str:
     return "it is queued at the first forecast at which it would start, or when admission reopens"
 
 
-def decide_admission(forecast: float, is_open: bool, t: Thresholds) -> Decision:
+@dataclass(frozen=True)
+class ExpectedRelease:
+    """When a job held for admission is expected to be queued: `at`, the next forecast, which
+    asks again (None: only an operator can release it), and `condition`, what that forecast
+    must find. `forecast` and `reopen_below` are the numbers the condition names."""
+
+    at: datetime | None
+    condition: str
+    forecast: float | None = None
+    reopen_below: float | None = None
+
+
+def expected_release(
+    *,
+    admission_open: bool,
+    forced_by: str | None,
+    forecast: float | None,
+    forecast_at: datetime | None,
+    every_s: float,
+    now: datetime,
+    t: Thresholds,
+) -> ExpectedRelease:
+    """When a job held for admission is expected to be released, from the control state: an
+    operator's closure holds it until the operator reopens; otherwise the next forecast (due
+    `every_s` after the latest, never before `now`) asks again, as `release_held_that_would_start`
+    and `decide_admission` do. The forecast is one value 15 minutes ahead, not a path, so no later
+    step is predicted: the condition says what the next one must find."""
+    if forced_by is not None:
+        return ExpectedRelease(None, f"when {forced_by or 'an operator'} reopens admission")
+    due = now if forecast_at is None else max(now, forecast_at + timedelta(seconds=every_s))
+    reopen = t.reopen_below
+    if admission_open:
+        return ExpectedRelease(due, "at the next forecast: admission is open again", forecast, reopen)
+    now_at = f" (the latest forecast is {pct(forecast, reopen)})" if forecast is not None else ""
+    reopens = f"when admission reopens: the forecast falls below {pct(reopen)}{now_at}"
+    if t.hold == HOLD_ALL:
+        return ExpectedRelease(due, reopens, forecast, reopen)
+    return ExpectedRelease(
+        due,
+        "at the first forecast at which it would start (a GPU free, or no longer every GPU asked for by more "
+        f"urgent work), at the latest {reopens}",
+        forecast,
+        reopen,
+    )
+
+
+def decide_admission(forecast: float, is_open: bool, t: Thresholds, basis: Basis | None = None) -> Decision:
+    """`basis`: what the forecast stands on; None, a forecast acted on as it is."""
     f, close, reopen = forecast, t.close_above, t.reopen_below
+    if basis is not None and basis.warming_up(t):
+        why = (
+            f"forecast {pct(f)} is persistence, acted on only once {t.warmup_samples} load samples are kept "
+            f"({basis.samples} so far)"
+        )
+        return Decision(ADMISSION, is_open, True, f"admission {'open' if is_open else 'reopened'}: {why}")
     if is_open and f > close:
         return Decision(ADMISSION, True, False, f"admission closed: forecast {pct(f, close)} > {pct(close)}")
     if not is_open and f < reopen:
@@ -262,15 +342,18 @@ def closed_note(forced_by: str | None, forecast: float | None, t: Thresholds) ->
     )
 
 
-def decide(forecast: float, current: Current, workers: int, t: Thresholds) -> list[Decision]:
-    """Every rule's decision for this forecast, changed or not, in a fixed order."""
+def decide(
+    forecast: float, current: Current, workers: int, t: Thresholds, basis: Basis | None = None
+) -> list[Decision]:
+    """Every rule's decision for this forecast, changed or not, in a fixed order. `basis`: what
+    the forecast stands on (admission waits out persistence's warm-up); None, acted on as it is."""
     problem = forecast_problem(forecast)
     if problem:
         raise ValueError(problem)
     if workers < 0:
         raise ValueError(f"workers must be 0 or more, not {workers}")
     return [
-        decide_admission(forecast, current.admission_open, t),
+        decide_admission(forecast, current.admission_open, t, basis),
         decide_prefetch(forecast, current.prefetch_on, t),
         decide_workers(forecast, workers, current.desired_workers, t),
     ]
@@ -319,6 +402,10 @@ def threshold_problems(t: Thresholds) -> list[Problem]:
                 f"prefetch_off_above ({t.prefetch_off_above:g}) must be below close_above ({t.close_above:g}): "
                 "prefetching is for a quiet cluster.",
             )
+        )
+    if isinstance(t.warmup_samples, bool) or not isinstance(t.warmup_samples, int) or t.warmup_samples < 0:
+        problems.append(
+            Problem("warmup_samples", f"warmup_samples must be a whole number of 0 or more, not {t.warmup_samples!r}.")
         )
     if t.hold not in HOLD_MODES:
         problems.append(Problem("hold", f"hold must be one of {', '.join(HOLD_MODES)}, not {t.hold!r}."))

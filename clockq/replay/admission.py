@@ -11,7 +11,10 @@ admission reopens it admits them all.
 
 The replay has no trained model, so the forecast is persistence: the load index just sampled
 stands for the one 15 minutes ahead. That is also what the live predictor serves until a model
-beats persistence on held-out data. Held jobs keep their submit time, so their held time counts
+beats persistence on held-out data. Live, admission waits out a warm-up before it acts on
+persistence (CLOCKQ_ADMISSION_WARMUP_SAMPLES); a replay models a cluster in its steady state, so
+its thresholds have none unless given one (`Thresholds.warmup_samples`), and its results are
+those of the rule without a warm-up. Held jobs keep their submit time, so their held time counts
 in their wait and their completion time, and a deadline that passes while a job is held ends it.
 """
 
@@ -44,6 +47,7 @@ class Admission(Generic[J]):
         self.open = True
         self.held: dict[int, list[J]] = {}
         self.stats = AdmissionStats()
+        self.samples = 0  # load samples taken: persistence's warm-up counts them, as live
         self._closed_since: float | None = None
 
     def admits(self, tier_code: str, room: control.Room | None) -> bool:
@@ -74,7 +78,9 @@ class Admission(Generic[J]):
         """Sample the load index, judge it as the forecast, and open or close admission."""
         forecast = load.load_index(busy_gpus, waiting_gpus, gpus)
         assert forecast is not None  # a replay has GPUs
-        decision = control.decide_admission(forecast, self.open, self.thresholds)
+        self.samples += 1
+        basis = control.Basis(control.PERSISTENCE, self.samples)  # the live rule's warm-up, if configured
+        decision = control.decide_admission(forecast, self.open, self.thresholds, basis)
         if not decision.changed:
             return
         self.open = bool(decision.new)

@@ -63,25 +63,36 @@ def model_dir(settings, tmp_path):
     live._LOADED.clear()
 
 
-def test_too_little_history_trains_nothing_and_forecasts_persistence_saying_so(model_dir):
-    generated_history(40, level=0.95)
+def test_too_little_history_trains_nothing_and_forecasts_persistence_saying_so(model_dir, settings):
+    settings.CLOCKQ_ADMISSION_WARMUP_SAMPLES = 60
+    earlier = timezone.now() - timedelta(minutes=20)
+    generated_history(40, level=0.95, end=earlier)
     gpu_workers(2)
 
     report = tasks.train_predictor()
     assert report == {"trained": False, "reason": "only 40 samples of history, 300 needed"}
     assert not ModelVersion.objects.exists()
 
-    result = tasks.forecast()
+    result = live.forecast_and_apply(now=earlier)
     row = Forecast.objects.get()
     assert row.model == "persistence" and row.value == pytest.approx(0.95)
     assert row.reason == "persistence: only 40 samples of history, 300 needed"
     assert row.input_at is not None and row.horizon_s == 900
-    # Applied: 95% is above the 85% admission threshold and the 70% scale-out threshold.
+    # Applied: 95% is above the 70% scale-out threshold, and above the 85% admission threshold,
+    # but admission leaves persistence alone until the warm-up's 60 samples are kept.
     state = ControlState.objects.get()
-    assert state.forecast == pytest.approx(0.95) and not state.admission_open
+    assert state.forecast == pytest.approx(0.95) and state.admission_open
+    assert "persistence, acted on only once 60 load samples are kept (40 so far)" in state.reason
     assert state.desired_workers == 3  # ceil(2 * 0.95 / 0.70)
-    assert ControlDecision.objects.filter(what="admission_open", new="false", actor="controller").exists()
+    assert not ControlDecision.objects.filter(what="admission_open").exists()
     assert result["applied"] and result["workers"] == 2
+
+    # Once 60 samples are kept, the same persistence forecast closes admission.
+    generated_history(20, level=0.95)
+    assert tasks.forecast()["applied"]
+    state = ControlState.objects.get()
+    assert not state.admission_open
+    assert ControlDecision.objects.filter(what="admission_open", new="false", actor="controller").exists()
 
 
 def test_no_fresh_sample_no_forecast(model_dir):

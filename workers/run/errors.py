@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from clockq.jobs.checkpoints import StorageError
 from clockq.jobs.results import ResultError
 from workers.workloads.base import JobRefused, StartAbandoned
 
@@ -23,7 +24,9 @@ def workload_errors() -> Iterator[None]:
     (database, broker) are never counted against the job."""
     try:
         yield
-    except (JobRefused, ResultError, StartAbandoned):
-        raise  # refused, not mended by a retry, or (StartAbandoned) no failure: the caller decides
+    except (JobRefused, ResultError, StartAbandoned, StorageError):
+        # refused, not mended by a retry, (StartAbandoned) no failure, or (StorageError) the
+        # host's disk: the caller decides
+        raise
     except Exception as exc:
         raise SliceFailed(repr(exc)) from exc

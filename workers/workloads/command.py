@@ -96,6 +96,7 @@ from clockq.jobs.results import ResultError
 from workers.job_folder import JobFolder, UnsafeEntry
 from workers.sandbox import Pidfd, UidLease, first_child, prepare_work_dir, read_child_pid, sandbox_for_commands
 from workers.workloads.base import RunContext, StartAbandoned, Workload
+from workers.workloads.program_start import cannot_start, catches_signal, exec_failure, program_problem, start_error
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,10 @@ class CommandWorkload(Workload):
         if code == 0:
             self.finished = True
             return 1.0
-        raise self._failure(code, "unasked" if code == EX_TEMPFAIL else "")
+        argv0, sandboxed = self.params["argv"][0], bool(self.sandbox.bwrap)
+        raise exec_failure(code, self._stderr_tail, argv0, sandboxed=sandboxed) or self._failure(
+            code, "unasked" if code == EX_TEMPFAIL else ""
+        )
 
     def state_dict(self) -> bytes:
         if self.proc is None:
@@ -325,6 +329,9 @@ class CommandWorkload(Workload):
         )
         if self.resume:
             env["CLOCKQ_RESUME"] = "1"
+        if why := program_problem(argv[0], env.get("PATH", os.defpath), self.work_dir):
+            self._release_uid()
+            raise cannot_start(argv[0], why)
         try:
             self._logs = [self.folder.open_log(STDOUT_NAME), self.folder.open_log(STDERR_NAME)]
             self._stderr_offset = os.fstat(self._logs[1]).st_size
@@ -346,7 +353,7 @@ class CommandWorkload(Workload):
         except OSError as exc:
             self._close_logs()
             self._release_uid()
-            raise RuntimeError(f"could not start {argv[0]!r}: {exc}") from exc
+            raise start_error(exc, argv[0], sandboxed=bool(self.sandbox.bwrap)) from exc
         self._started_at = time.monotonic()
         if info_read is None:
             self.program_pid = self.proc.pid
@@ -467,19 +474,6 @@ class CommandWorkload(Workload):
 def _killpg(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def catches_signal(pid: int, signum: int) -> bool | None:
-    """Whether process `pid` has a handler for `signum` (the SigCgt mask in /proc/PID/status);
-    None where that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _tail(fd: int, offset: int, limit: int) -> str:

@@ -34,7 +34,7 @@ from clockq.bus.redis_server import redis_server_argv
 from clockq.env import persistent_secret
 from clockq.fleet import marker, registry
 from clockq.management.commands.ensureadmin import ADMIN_USERNAME, admin_password
-from clockq.stack import preflight, roles
+from clockq.stack import ports, preflight, roles
 from clockq.stack.supervisor import Child, Supervisor
 
 log = logging.getLogger("clockq.runstack")
@@ -112,6 +112,7 @@ class Command(BaseCommand):
         )
         if problems:
             raise CommandError("refusing to start:\n  " + "\n  ".join(problems))
+        self._check_ports(wanted, bind)
         protect_var_dir(settings.VAR_DIR)
         self._prepare_database(wanted)
         host = settings.CLOCKQ_HOST
@@ -132,6 +133,18 @@ class Command(BaseCommand):
             stopped.set()
             keeper.stop()
         raise SystemExit(code)
+
+    def _check_ports(self, wanted: preflight.Roles, bind: str) -> None:
+        """The ports this start listens on, before the migrations: a taken one stops it at once,
+        saying what holds it and which variable chooses another (clockq/stack/ports.py, which
+        `make run` runs before it installs anything, and which picks the embedded Redis's port)."""
+        needed = [r for r in ("web", "flower") if r in wanted]
+        if wanted.whole and settings.CLOCKQ_EMBEDDED_BROKER:
+            needed.append("redis")
+        env = {**os.environ, "CLOCKQ_BIND": bind}
+        found = ports.check_ports(env, settings.VAR_DIR, pick=False, roles=tuple(needed))
+        if found.problems:
+            raise CommandError("refusing to start: a port it needs is taken.\n  " + "\n  ".join(found.problems))
 
     def _prepare_database(self, wanted: preflight.Roles) -> None:
         """The web role migrates (one web host at a time) and ensures the admin user; the other
@@ -306,7 +319,10 @@ def _embedded_redis() -> Child:
     file, and every client reconnects."""
     port = settings.EMBEDDED_REDIS_PORT
     if not port_is_free(port):
-        raise CommandError(f"port {port} for the embedded Redis is taken; set CLOCKQ_EMBEDDED_REDIS_PORT or REDIS_URL")
+        raise CommandError(
+            f"port {port} for the embedded Redis is taken; choose another with CLOCKQ_EMBEDDED_REDIS_PORT=..., "
+            f"or set REDIS_URL (`make run` picks a free one and records it in var/{ports.RECORD_NAME})"
+        )
     data = settings.VAR_DIR / "redis"
     data.mkdir(parents=True, exist_ok=True)
     broker_password = persistent_secret(settings.EMBEDDED_REDIS_PASSWORD_FILE, nbytes=24)
