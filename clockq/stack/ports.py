@@ -49,6 +49,15 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 def who_listens(port: int, proc: Path = Path("/proc")) -> str | None:
     """What listens on TCP `port`, as far as this user may see: 'pid 123 (redis-server ...)',
     'a process of user bob', or None when nothing is found (no /proc, or not a TCP listener)."""
+    pid, uid = _listener(port, proc)
+    if pid is not None:
+        return f"pid {pid} ({_command_line(proc / str(pid))})"
+    return None if uid is None else f"a process of user {_user_name(uid)}"
+
+
+def _listener(port: int, proc: Path = Path("/proc")) -> tuple[int | None, int | None]:
+    """The pid of what listens on TCP `port` where this user may see it, and its user's id;
+    (None, None) when nothing is found."""
     owners: dict[str, int] = {}  # socket inode: uid
     for table in ("tcp", "tcp6"):
         try:
@@ -60,7 +69,7 @@ def who_listens(port: int, proc: Path = Path("/proc")) -> str | None:
             if len(cols) > 9 and cols[3] == _LISTEN and int(cols[1].rsplit(":", 1)[1], 16) == port:
                 owners[cols[9]] = int(cols[7])
     if not owners:
-        return None
+        return None, None
     wanted = {f"socket:[{inode}]" for inode in owners}
     for pid_dir in proc.iterdir():
         if not pid_dir.name.isdigit():
@@ -70,9 +79,20 @@ def who_listens(port: int, proc: Path = Path("/proc")) -> str | None:
         except OSError:
             continue  # another user's process, or one that just ended
         if links & wanted:
-            return f"pid {pid_dir.name} ({_command_line(pid_dir)})"
-    uid = next(iter(owners.values()))
-    return f"a process of user {_user_name(uid)}"
+            return int(pid_dir.name), next(iter(owners.values()))
+    return None, next(iter(owners.values()))
+
+
+def _keeps_files_in(pid: int, folder: Path, proc: Path = Path("/proc")) -> bool:
+    """Whether process `pid` works in `folder` or below it: redis-server changes into its
+    `--dir` (<var>/redis for the embedded one) and rewrites its command line, so its working
+    directory is what tells."""
+    try:
+        cwd = Path(os.readlink(proc / str(pid) / "cwd"))
+    except OSError:
+        return False  # another user's process, or one that just ended
+    root = folder.resolve()
+    return cwd == root or root in cwd.parents
 
 
 def _command_line(pid_dir: Path) -> str:
@@ -202,6 +222,15 @@ def _check_redis(env: dict[str, str], var_dir: Path, found: Ports, *, pick: bool
         if not explicit:
             hint = f"`make run` picks a free one and records it in {record_path(var_dir)}; or {hint}"
         found.problems.append(_taken(name, port, "the embedded Redis", hint))
+        return
+    pid, _uid = _listener(port)
+    if pid is not None and _keeps_files_in(pid, var_dir):
+        # An earlier start's Redis outlived it: a second one on the same append-only file would
+        # corrupt it, so this is not a port to move off but a process to stop.
+        found.problems.append(
+            f"port {port} for the embedded Redis is taken by the embedded Redis of an earlier start of this "
+            f"clockq, still running (pid {pid}, its files in {var_dir}); stop it (kill {pid}) and start again"
+        )
         return
     holder = who_listens(port)
     free = pick_free_port(port)

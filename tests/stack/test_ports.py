@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from clockq.stack import ports
-from tests.harness import ROOT, free_port
+from tests.harness import ROOT, free_port, wait_for
 
 SCRIPT = str(ROOT / "clockq" / "stack" / "ports.py")
 
@@ -129,3 +129,26 @@ def test_runstack_refuses_a_taken_port_before_it_migrates(tmp_path):
     assert result.returncode != 0
     assert f"PORT={port} (the web server) is taken by pid {os.getpid()}" in result.stderr
     assert not (tmp_path / "clockq.sqlite3").exists()
+
+
+def test_an_earlier_starts_embedded_redis_still_running_stops_the_start_instead_of_a_second_one(tmp_path):
+    # Given the embedded Redis of an earlier start, still running on the recorded port with its
+    # files in this var folder (its make run was killed, say)
+    from clockq.bus.redis_server import redis_server_argv
+
+    port, data = free_port(), tmp_path / "redis"
+    data.mkdir()
+    ports.record_port(tmp_path, port)
+    server = subprocess.Popen(redis_server_argv(port, data, durable=True), stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: not ports.port_is_free(port), 30, "the old Redis to listen")
+        # When make run's check runs
+        result = run_check(clean_env(tmp_path))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    # Then it stops, naming the process to stop, rather than start a second Redis on its files
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"earlier start of this clockq, still running (pid {server.pid}" in result.stderr
+    assert f"kill {server.pid}" in result.stderr
+    assert ports.recorded_port(tmp_path) == port  # the record is left as it was
