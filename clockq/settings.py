@@ -314,8 +314,7 @@ CELERY_BEAT_SYNC_EVERY = 1
 RECONCILE_EVERY_S = env_int("CLOCKQ_RECONCILE_EVERY_S", 15, min_value=1)
 RETENTION_EVERY_S = env_int("CLOCKQ_RETENTION_EVERY_S", 3600, min_value=1)
 REAP_EVERY_S = env_int("CLOCKQ_REAP_EVERY_S", 10, min_value=1)
-# Named as the periodic tasks of clockq/jobs/periodic.py are ("clockq: ..."): beat writes these
-# into the same Periodic tasks table, where operators see them side by side.
+# Named as clockq/jobs/periodic.py's are: beat writes both into the admin's Periodic tasks table.
 CELERY_BEAT_SCHEDULE = {
     "clockq: delete old checkpoints": {
         "task": "clockq.delete_old_checkpoints",

@@ -1,5 +1,5 @@
-"""A held job's page says when it is expected to be released (webapp/_held_release.html, from
-clockq.control_state.control.held_release)."""
+"""A held job's page says when it is expected to be released
+(webapp/templates/webapp/_held_release.html, from clockq.control_state.control.held_release)."""
 
 from __future__ import annotations
 
