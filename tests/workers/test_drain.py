@@ -66,7 +66,11 @@ def test_a_drained_gpu_hands_its_job_on_takes_no_other_and_takes_jobs_again_once
     assert all(j.state == "succeeded" for j in finished)
     victim.refresh_from_db()
     assert victim.slices.filter(outcome="yielded").exists()
-    assert not Slice.objects.filter(worker=drained, started_at__gt=drained_at).exists()
+    # No other job ran there since. Its own job may have begun one more slice: a boundary that
+    # met the drain while it wrote a continue starts the next slice, which ends at the next step.
+    since = Slice.objects.filter(worker=drained, started_at__gt=drained_at)
+    assert not since.exclude(job=victim).exists()
+    assert [s.outcome for s in since.filter(job=victim)] in ([], ["yielded"])
     assert victim.failures == 0
     assert_no_overlap(victim)
     # /api/queues and /healthz show it drained; gpu1 still makes the system healthy
