@@ -2,6 +2,14 @@
 
 A claim can also end the job instead (its deadline passed, or it waited past its tier's start
 timeout), or leave it queued for another GPU (it does not fit in this one's free memory).
+
+A claim starts from a dispatch message (`claim_job`), or from a hand-over (`take_handed_over`):
+a job that has just left this GPU to a waiting job of its own tier, which the order gives this
+GPU next, takes that job at once instead of waiting for the broker to deliver its message. The
+message is not needed for the claim, which is the same compare-and-set on (QUEUED, dispatch
+token): it stays in the broker as the fallback that another worker may take first. Whichever
+claim commits first runs the job; the other finds it running, its message stale, and does
+nothing.
 """
 
 from __future__ import annotations
@@ -99,6 +107,45 @@ def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
         if row is None:
             return None
     return _claim_row(row, runtime)
+
+
+def take_handed_over(to: order.Waiting, runtime: Runtime) -> ClaimedJob | None:
+    """The hand-over: this GPU's job has just yielded it to `to`. Claim `to` here, if it is
+    still the job a free GPU takes (`order.next_for_gpu`: the policy's choice, as for a claim
+    from a message); None if not, or if another worker claimed it first, and then the broker's
+    message wakes whoever takes it. Once claimed, its message is withdrawn from its queue, off
+    the GPU's path (`_withdraw_wake_up`)."""
+    best = order.next_for_gpu(runtime.gpu_count())
+    if best is None or best.standing.job_id != to.standing.job_id:
+        return None
+    row = _queued_row(best.standing.job_id, best.token)
+    claimed = _claim_row(row, runtime) if row is not None else None
+    if claimed is None:
+        return None
+    queue = runtime.tiers.get(row["tier_id"]).queue_name  # type: ignore[index]
+    runtime.boundary_reader.submit(_withdraw_wake_up, claimed.id, claimed.dispatch_token, queue)
+    log.debug("job %s: handed over on %s", claimed.id, runtime.identity.hostname)
+    return claimed
+
+
+# How far from the delivering end of a queue a handed-over job's message is looked for.
+WITHDRAW_SCAN = 500
+
+
+def _withdraw_wake_up(job_id: int, token: str, queue_name: str) -> bool:
+    """Remove the message of a job claimed by a hand-over from its queue, if it is still there
+    (a worker may have taken it already, and will find it stale): left there, it would count as
+    a waiting job at every boundary until a worker took it and dropped it. Best effort: one left
+    behind (the broker failed, or it sits deeper than WITHDRAW_SCAN in a long queue) is only a
+    stale message. Whether one was removed."""
+    try:
+        r = client()
+        for raw in reversed(r.lrange(queue_name, -WITHDRAW_SCAN, -1)):  # the oldest first
+            if queues.parse_dispatch(raw) == (job_id, token):
+                return bool(r.lrem(queue_name, 1, raw))
+    except RedisError as exc:
+        log.info("job %s: its handed-over message stays in %s (%s)", job_id, queue_name, exc)
+    return False
 
 
 def give_back(job_id: int, token: str, runtime: Runtime) -> None:
