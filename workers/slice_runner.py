@@ -24,7 +24,7 @@ from clockq.policy.states import JobState
 from workers.run import summary
 from workers.run.boundary import SliceBoundary
 from workers.run.checkpointer import Checkpointer
-from workers.run.claim import ClaimedJob, claim_job, give_back, take_handed_over
+from workers.run.claim import ClaimedJob, claim_job, give_back, take_handed_over, take_warm_next
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
 from workers.run.failures import SliceFailures
 from workers.run.metrics_recorder import MetricsRecorder
@@ -80,14 +80,19 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
 
 
 def _hand_over(run: JobRun, outcome: RunOutcome, runtime: Runtime) -> ClaimedJob | None:
-    """After a yield to a waiting job of the yielding job's own tier: that job, claimed here
-    without the broker (`claim.take_handed_over`), or None."""
+    """The next job this GPU takes without the broker, or None: after a yield to a waiting job
+    of the yielding job's own tier, that job (`claim.take_handed_over`); after a run that ended
+    well, the order's next job if this worker holds it warm (`claim.take_warm_next`)."""
+    if outcome not in _FREES_GPU or runtime.shutting_down() or runtime.drain.drained():
+        return None
     to = run.boundary.made_way_to
-    if outcome != RunOutcome.YIELDED or to is None or to.standing.rank != run.tiers.current.rank:
-        return None
-    if runtime.shutting_down() or runtime.drain.drained():
-        return None
-    return take_handed_over(to, runtime)
+    if outcome == RunOutcome.YIELDED and to is not None and to.standing.rank == run.tiers.current.rank:
+        return take_handed_over(to, runtime)
+    return take_warm_next(runtime)
+
+
+# The runs after which this GPU may take its next job without the broker.
+_FREES_GPU = frozenset({RunOutcome.SUCCEEDED, RunOutcome.YIELDED, RunOutcome.HELD, RunOutcome.TIMED_OUT})
 
 
 class JobRun:
@@ -233,6 +238,8 @@ class JobRun:
         extra: dict[str, Any] = {"switch_cost_ms": ewma(self.job.switch_cost_ms, cost)}
         if target == JobState.TIMED_OUT:
             extra["finished_at"] = timezone.now()
+        if parked:
+            extra["worker"] = self.runtime.identity.hostname  # where it is warm (claim._leave_to_warm_worker)
         record.preempted = record.cut_short and action == BoundaryAction.YIELD
         self.writes.end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
         if target == JobState.QUEUED:

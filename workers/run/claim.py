@@ -15,6 +15,8 @@ nothing.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -28,11 +30,12 @@ from clockq.bus.client import client
 from clockq.jobs import hot_sql, order
 from clockq.jobs.models import Job
 from clockq.jobs.transitions import transition
-from clockq.policy import ordering
+from clockq.policy import affinity, ordering
 from clockq.policy.service_levels import WaitVerdict, judge_wait
 from clockq.policy.states import JobState
 from workers.lease import lease_until
 from workers.runtime import Runtime
+from workers.warm_cache import WARM_WAIT_S
 
 log = logging.getLogger("clockq.slices")
 
@@ -80,7 +83,7 @@ class ClaimedJob:
     )
 
 
-_CLAIM_ONLY_FIELDS = ("state", "enqueued_at", "submitted_at", "first_started_at", "late_at", "gpu_mem_mib")
+_CLAIM_ONLY_FIELDS = ("state", "enqueued_at", "submitted_at", "first_started_at", "late_at", "gpu_mem_mib", "worker")
 
 
 def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
@@ -109,13 +112,13 @@ def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
     return _claim_row(row, runtime)
 
 
-def take_handed_over(to: order.Waiting, runtime: Runtime) -> ClaimedJob | None:
+def take_handed_over(to: order.Waiting, runtime: Runtime, *, best: order.Waiting | None = None) -> ClaimedJob | None:
     """The hand-over: this GPU's job has just yielded it to `to`. Claim `to` here, if it is
     still the job a free GPU takes (`order.next_for_gpu`: the policy's choice, as for a claim
     from a message); None if not, or if another worker claimed it first, and then the broker's
     message wakes whoever takes it. Once claimed, its message is withdrawn from its queue, off
-    the GPU's path (`_withdraw_wake_up`)."""
-    best = order.next_for_gpu(runtime.gpu_count())
+    the GPU's path (`_withdraw_wake_up`). `best`: the order just read, if it was."""
+    best = best or order.next_for_gpu(runtime.gpu_count())
     if best is None or best.standing.job_id != to.standing.job_id:
         return None
     row = _queued_row(best.standing.job_id, best.token)
@@ -126,6 +129,19 @@ def take_handed_over(to: order.Waiting, runtime: Runtime) -> ClaimedJob | None:
     runtime.boundary_reader.submit(_withdraw_wake_up, claimed.id, claimed.dispatch_token, queue)
     log.debug("job %s: handed over on %s", claimed.id, runtime.identity.hostname)
     return claimed
+
+
+def take_warm_next(runtime: Runtime) -> ClaimedJob | None:
+    """A GPU whose job has just ended or left it: if the job a free GPU takes next
+    (`order.next_for_gpu`) is one this worker holds warm (workers/warm_cache.py), claim it here
+    at once, as a hand-over does. Another GPU that took its message leaves it to this one for a
+    bounded time (`_leave_to_warm_worker`), and cannot wake this one meanwhile. None if not."""
+    if not len(runtime.warm):
+        return None
+    best = order.next_for_gpu(runtime.gpu_count())
+    if best is None or best.standing.job_id not in runtime.warm:
+        return None
+    return take_handed_over(best, runtime, best=best)
 
 
 # How far from the delivering end of a queue a handed-over job's message is looked for.
@@ -208,6 +224,8 @@ def _claim_row(row: dict[str, Any], runtime: Runtime) -> ClaimedJob | None:
             first_start["late_at"] = now
     if not _fits(job_id, token, row["gpu_mem_mib"], runtime):
         return None
+    if _leave_to_warm_worker(row, runtime):
+        return None
     waited_ms = max(int((now - row["enqueued_at"]).total_seconds() * 1000), 0) if row["enqueued_at"] else 0
     changed = transition(
         job_id,
@@ -259,4 +277,28 @@ def _fits(job_id: int, token: str, need_mib: int | None, runtime: Runtime) -> bo
     note = f"needs {need_mib} MiB of GPU memory; {runtime.identity.hostname} had {free} MiB free"
     Job.objects.filter(pk=job_id, state=JobState.QUEUED, dispatch_token=token).update(placement_note=note[:300])
     log.info("job %s: %s; leaving it queued", job_id, note)
+    return False
+
+
+WARM_POLL_S = 0.005  # how often a GPU that leaves a job to its warm worker looks whether it took it
+
+
+def _leave_to_warm_worker(row: dict[str, Any], runtime: Runtime) -> bool:
+    """Whether the job went to the worker that holds it warm while this free GPU left it to
+    that one (`affinity.wait_for_warm_s`: only while that worker is busy, and for a bounded time
+    since the job was queued). False: this GPU claims it, cold."""
+    warm, me = row["worker"], runtime.identity.hostname
+    if not warm or warm == me or not row["checkpoint_files"] or WARM_WAIT_S <= 0:
+        return False
+    busy = any(r.worker == warm for r in order.running())
+    queued_for_s = (timezone.now() - row["enqueued_at"]).total_seconds() if row["enqueued_at"] else math.inf
+    wait_s = affinity.wait_for_warm_s(
+        this_worker=me, warm_worker=warm, warm_worker_busy=busy, queued_for_s=queued_for_s, bound_s=WARM_WAIT_S
+    )
+    until = time.monotonic() + wait_s
+    while time.monotonic() < until:
+        time.sleep(min(WARM_POLL_S, max(until - time.monotonic(), 0.0)))
+        if _queued_row(row["id"], row["dispatch_token"]) is None:
+            log.info("job %s: left to %s, which holds it warm", row["id"], warm)
+            return True
     return False
