@@ -158,7 +158,7 @@ def _withdraw_wake_up(job_id: int, token: str, queue_name: str) -> bool:
         r = client()
         for raw in reversed(r.lrange(queue_name, -WITHDRAW_SCAN, -1)):  # the oldest first
             if queues.parse_dispatch(raw) == (job_id, token):
-                return bool(r.lrem(queue_name, 1, raw))
+                return bool(r.lrem(queue_name, 1, raw))  # type: ignore[arg-type]
     except RedisError as exc:
         log.info("job %s: its handed-over message stays in %s (%s)", job_id, queue_name, exc)
     return False
