@@ -18,8 +18,13 @@ the last round.
    the starts of two consecutive task bodies.
 2. clockq. One real GPU worker (clockq.stack.roles.gpu_worker_argv(0)) and two synthetic SP jobs with
    `--state-kb` of state and 1 ms steps. The SP tier's base and minimum slice are set to
-   `--slice-ms` in this run's database. Both jobs share the one GPU, so at every boundary the
-   other job is waiting and the running one yields: each boundary is a real switch.
+   `--slice-ms` in this run's database. Both jobs share the one GPU. Jobs of one class never
+   displace one another (clockq/policy/ordering.py), so the run's service ladder
+   (CLOCKQ_SERVICE_LADDER_S, `turn_ladder`) has a rung every 0.9 slice of SP service: the job
+   that ran last passes a rung the waiting one has not, and yields to it, about every other
+   boundary (every slice switches back when the two jobs' services differ by a rung, A B B A A
+   B B …). Each yield is a real switch to the other job, the kind the same worker hands over
+   (docs/architecture.md): the jobs are given twice the slices of the switches asked for.
    With `--zero` (the default) a second pair runs with 0 KB of state, to separate checkpoint
    I/O from the rest.
 3. Probe (`--probe`, the default). One more pair with `--state-kb`, on a GPU worker started with
@@ -127,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # No overhead stretching, so that every boundary is a switch at the slice length asked for.
         with private_clockq(
-            "clockq-switch-cost-", tmp_dir=args.tmp_dir, keep=args.keep, CLOCKQ_GPUS="sim:1", CLOCKQ_OVERHEAD_BUDGET="0"
+            "clockq-switch-cost-",
+            tmp_dir=args.tmp_dir,
+            keep=args.keep,
+            CLOCKQ_GPUS="sim:1",
+            CLOCKQ_OVERHEAD_BUDGET="0",
+            CLOCKQ_SERVICE_LADDER_S=turn_ladder(args),
         ) as stack:
             stack.setenv(BENCH_BROKER_URL=stack.broker_url)  # read by _bare_app at import
             import _bare_app as bare_app
@@ -152,6 +162,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # --- setup ----------------------------------------------------------------------------------
+
+
+def slices_per_job(args) -> int:
+    """Enough slices for each job to take part in (switches + warmup) switches and a few more:
+    a switch about every other slice (`turn_ladder`)."""
+    return args.switches + args.warmup + 3
+
+
+def turn_ladder(args) -> str:
+    """CLOCKQ_SERVICE_LADDER_S with a rung every 0.9 SP slice of service, for as long as a job
+    runs: with the default ladder (minutes of GPU time) neither job would ever make way."""
+    from clockq.policy.ordering import Ladder
+    from clockq.policy.tiers import TIER_BY_CODE
+
+    spacing_s = 0.9 * args.slice_ms / 1000 / Ladder().weight(TIER_BY_CODE["SP"].rank)
+    rungs = math.ceil(slices_per_job(args) / 0.9) + 4
+    return ",".join(repr(round(spacing_s * (k + 1), 9)) for k in range(rungs))
 
 
 def compare_broker_settings(bare_app) -> list[str]:
@@ -332,9 +359,7 @@ def run_clockq_pair(
     from clockq.jobs.models import Job, JobEvent, Slice
     from clockq.jobs.services import submit_job
 
-    # Enough steps for each job to give (switches + warmup) / 2 slices and a few more.
-    slices_per_job = math.ceil((args.switches + args.warmup) / 2) + 3
-    steps = math.ceil(slices_per_job * args.slice_ms / args.step_ms)
+    steps = math.ceil(slices_per_job(args) * args.slice_ms / args.step_ms)
     # gpu_util 0.45 makes the slice formula give exactly the base slice (0.9 would give 1.2x).
     spec = {"steps": steps, "step_ms": args.step_ms, "state_kb": state_kb, "gpu_util": 0.45}
     params = workloads.validate("synthetic", spec, may_run_commands=False)
@@ -348,7 +373,7 @@ def run_clockq_pair(
         worker.check_alive()
         return not Job.objects.filter(pk__in=ids, state__in=["queued", "running"]).exists()
 
-    expected_s = 2 * slices_per_job * (args.slice_ms + 40) / 1000
+    expected_s = 2 * slices_per_job(args) * (args.slice_ms + 40) / 1000
     wait_for(finished, 60 + 3 * expected_s, f"the {state_kb} KB jobs to finish", interval=0.25)
     time.sleep(0.5)  # the last events are flushed with the worker's next loop turn
     states = dict(Job.objects.filter(pk__in=ids).values_list("pk", "state"))

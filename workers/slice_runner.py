@@ -24,7 +24,7 @@ from clockq.policy.states import JobState
 from workers.run import summary
 from workers.run.boundary import SliceBoundary
 from workers.run.checkpointer import Checkpointer
-from workers.run.claim import ClaimedJob, claim_job, give_back
+from workers.run.claim import ClaimedJob, claim_job, give_back, take_handed_over, take_warm_next
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
 from workers.run.failures import SliceFailures
 from workers.run.metrics_recorder import MetricsRecorder
@@ -51,7 +51,8 @@ _LEAVE_GPU: dict[BoundaryAction, tuple[JobState, RunOutcome]] = {
 
 
 def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
-    """Handle one dispatch message."""
+    """Handle one dispatch message: its claim's run, and those of the jobs handed over to this
+    GPU after it (`_hand_over`). The outcome is the first run's."""
     # Listen before claiming, so that no signal sent once the job is running is missed.
     signals.wait_until_listening(LISTEN_TIMEOUT_S)
     if runtime.drain.drained():
@@ -63,14 +64,35 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
     job = claim_job(job_id, token, runtime)
     if job is None:
         return RunOutcome.STALE
-    outcome = JobRun(job, runtime).run()
-    summary.log_run(job_id, outcome)
-    if runtime.shutting_down():
-        # A stopping worker writes what it snapshotted before it exits.
-        runtime.persister.flush()
-    if outcome == RunOutcome.STORAGE_FAULT:
-        runtime.back_off()
-    return outcome
+    outcomes: list[RunOutcome] = []
+    while job is not None:  # the message's claim, then the jobs handed over after it
+        run = JobRun(job, runtime)
+        outcome = run.run()
+        outcomes.append(outcome)
+        summary.log_run(job.id, outcome)
+        if runtime.shutting_down():
+            # A stopping worker writes what it snapshotted before it exits.
+            runtime.persister.flush()
+        if outcome == RunOutcome.STORAGE_FAULT:
+            runtime.back_off()
+        job = _hand_over(run, outcome, runtime)
+    return outcomes[0]
+
+
+def _hand_over(run: JobRun, outcome: RunOutcome, runtime: Runtime) -> ClaimedJob | None:
+    """The next job this GPU takes without the broker, or None: after a yield to a waiting job
+    of the yielding job's own tier, that job (`claim.take_handed_over`); after a run that ended
+    well, the order's next job if this worker holds it warm (`claim.take_warm_next`)."""
+    if outcome not in _FREES_GPU or runtime.shutting_down() or runtime.drain.drained():
+        return None
+    to = run.boundary.made_way_to
+    if outcome == RunOutcome.YIELDED and to is not None and to.standing.rank == run.tiers.current.rank:
+        return take_handed_over(to, runtime)
+    return take_warm_next(runtime)
+
+
+# The runs after which this GPU may take its next job without the broker.
+_FREES_GPU = frozenset({RunOutcome.SUCCEEDED, RunOutcome.YIELDED, RunOutcome.HELD, RunOutcome.TIMED_OUT})
 
 
 class JobRun:
@@ -216,6 +238,8 @@ class JobRun:
         extra: dict[str, Any] = {"switch_cost_ms": ewma(self.job.switch_cost_ms, cost)}
         if target == JobState.TIMED_OUT:
             extra["finished_at"] = timezone.now()
+        if parked:
+            extra["worker"] = self.runtime.identity.hostname  # where it is warm (claim._leave_to_warm_worker)
         record.preempted = record.cut_short and action == BoundaryAction.YIELD
         self.writes.end(record, SliceOutcome.YIELDED, target, decision.reason, extra)
         if target == JobState.QUEUED:

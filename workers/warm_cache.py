@@ -18,10 +18,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from clockq.env import env_float
+from clockq.policy.affinity import WARM_WAIT_S as DEFAULT_WARM_WAIT_S
 from clockq.policy.metrics import Series
 from workers.workloads.base import Workload
 
 log = logging.getLogger("clockq.warm")
+
+# Placement affinity (clockq/policy/affinity.py): how long a free GPU leaves a job yielded on
+# another worker, which holds it warm and is busy, to that worker. 0 turns it off.
+WARM_WAIT_S = env_float("CLOCKQ_WARM_WAIT_S", DEFAULT_WARM_WAIT_S, min_value=0.0, max_value=10.0)
 
 
 @dataclass
@@ -80,6 +86,9 @@ class WarmCache:
         if self.before_close is not None:
             self.before_close(job_id)
         _close(workload)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._entries
 
     def __len__(self) -> int:
         return len(self._entries)

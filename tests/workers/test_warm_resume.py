@@ -116,6 +116,8 @@ def test_a_yielded_jobs_checkpoint_is_written_once_the_next_job_has_started(alic
     job = submit(alice, "SP", "yields", steps=400, step_ms=1, state_kb=64)
     rival = submit(alice, "SP", "next", steps=1)
     here = Runtime(WorkerIdentity("gpu0@test", 0))
+    # Each dispatch runs one job: no hand-over to the rival, and no warm job taken after it.
+    monkeypatch.setattr("workers.slice_runner._hand_over", lambda *_args: None)
     switch_done = here.persister._switch_done = WatchedEvent()
     switch_done.set()
     assert run_dispatch(job.pk, job.dispatch_token, here) == RunOutcome.YIELDED

@@ -59,6 +59,8 @@ class BoundaryRead:
     marked: tuple[str, float] | None = None
     # This GPU was marked free ahead, with the read that foresaw the yield (clockq/bus/free_gpus.py).
     freed_ahead: bool = False
+    # The waiting job itself (`outranked_by` describes it), for a hand-over (`claim.take_handed_over`).
+    mine: order.Waiting | None = None
 
 
 def prefetch_lead_s(step_s: float, read_s: float, budget_s: float) -> float:
@@ -90,6 +92,8 @@ class SliceBoundary:
         # were named and did not make way in time, passed over since (`_look`).
         self.awaited: tuple[int, float] | None = None
         self.passed_over: set[int] = set()
+        # The waiting job the last decision left the GPU to, for the order: what a hand-over takes.
+        self.made_way_to: order.Waiting | None = None
 
     def new_slice(self, planned_ms: float) -> None:
         """A read made for an earlier slice is not this one's."""
@@ -143,17 +147,18 @@ class SliceBoundary:
             self.tiers.current = self.runtime.tiers.get(row["tier_id"])
         self.run_ms += used_ms
         self.tiers.serve(used_ms, order.ladder())  # a promoted job served enough goes home
-        decision = decide_at_boundary(
-            Boundary(
-                done=done,
-                outranked_by=read.outranked_by,
-                pending_action=PendingAction(row["pending_action"]),
-                past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
-                shutting_down=self.runtime.shutting_down(),
-                cut_short=cut_short,
-                checkpoints_failing=not done and self.runtime.checkpoints_failing(self.checkpoints.nbytes),
-            )
+        boundary = Boundary(
+            done=done,
+            outranked_by=read.outranked_by,
+            pending_action=PendingAction(row["pending_action"]),
+            past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
+            shutting_down=self.runtime.shutting_down(),
+            cut_short=cut_short,
+            checkpoints_failing=not done and self.runtime.checkpoints_failing(self.checkpoints.nbytes),
         )
+        decision = decide_at_boundary(boundary)
+        for_the_order = boundary.pending_action == PendingAction.NONE and not boundary.shutting_down
+        self.made_way_to = read.mine if decision.action == BoundaryAction.YIELD and for_the_order else None
         if decision.action != BoundaryAction.CONTINUE and not read.freed_ahead:
             self.runtime.leave_gpu()  # before the write that frees it: see clockq/bus/free_gpus.py
         return decision
@@ -202,7 +207,7 @@ class SliceBoundary:
             if self.relook_at is None and view.freed and not relook:
                 self.relook_at = time.monotonic() + free_gpus.FREE_S
             return False
-        self.looked = BoundaryRead(view.waiting, row, order.describe(way.mine))
+        self.looked = BoundaryRead(view.waiting, row, order.describe(way.mine), mine=way.mine)
         return True
 
     def _make_way(self, view: BrokerView, serving_ms: float) -> order.MakeWay:
@@ -261,7 +266,7 @@ class SliceBoundary:
         has not had its planned time: it leaves only when `ordering.leaves_at` says so."""
         view = BrokerView() if done else self._broker_view()
         row = self._row()
-        outranked_by = None
+        outranked_by, first = None, None
         if any(view.waiting):
             first = order.displacing(
                 self.job_id,
@@ -271,7 +276,7 @@ class SliceBoundary:
                 slice_s=self.planned_s,
             )
             outranked_by = order.describe(first) if first is not None else None
-        return BoundaryRead(view.waiting, row, outranked_by)
+        return BoundaryRead(view.waiting, row, outranked_by, mine=first)
 
     def _prefetch_boundary(self) -> BoundaryRead:
         """`_read_boundary` for a slice that ends on time, on the runtime's reader thread. When the

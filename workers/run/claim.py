@@ -2,11 +2,21 @@
 
 A claim can also end the job instead (its deadline passed, or it waited past its tier's start
 timeout), or leave it queued for another GPU (it does not fit in this one's free memory).
+
+A claim starts from a dispatch message (`claim_job`), or from a hand-over (`take_handed_over`):
+a job that has just left this GPU to a waiting job of its own tier, which the order gives this
+GPU next, takes that job at once instead of waiting for the broker to deliver its message. The
+message is not needed for the claim, which is the same compare-and-set on (QUEUED, dispatch
+token): it stays in the broker as the fallback that another worker may take first. Whichever
+claim commits first runs the job; the other finds it running, its message stale, and does
+nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -20,11 +30,12 @@ from clockq.bus.client import client
 from clockq.jobs import hot_sql, order
 from clockq.jobs.models import Job
 from clockq.jobs.transitions import transition
-from clockq.policy import ordering
+from clockq.policy import affinity, ordering
 from clockq.policy.service_levels import WaitVerdict, judge_wait
 from clockq.policy.states import JobState
 from workers.lease import lease_until
 from workers.runtime import Runtime
+from workers.warm_cache import WARM_WAIT_S
 
 log = logging.getLogger("clockq.slices")
 
@@ -72,7 +83,7 @@ class ClaimedJob:
     )
 
 
-_CLAIM_ONLY_FIELDS = ("state", "enqueued_at", "submitted_at", "first_started_at", "late_at", "gpu_mem_mib")
+_CLAIM_ONLY_FIELDS = ("state", "enqueued_at", "submitted_at", "first_started_at", "late_at", "gpu_mem_mib", "worker")
 
 
 def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
@@ -99,6 +110,58 @@ def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
         if row is None:
             return None
     return _claim_row(row, runtime)
+
+
+def take_handed_over(to: order.Waiting, runtime: Runtime, *, best: order.Waiting | None = None) -> ClaimedJob | None:
+    """The hand-over: this GPU's job has just yielded it to `to`. Claim `to` here, if it is
+    still the job a free GPU takes (`order.next_for_gpu`: the policy's choice, as for a claim
+    from a message); None if not, or if another worker claimed it first, and then the broker's
+    message wakes whoever takes it. Once claimed, its message is withdrawn from its queue, off
+    the GPU's path (`_withdraw_wake_up`). `best`: the order just read, if it was."""
+    best = best or order.next_for_gpu(runtime.gpu_count())
+    if best is None or best.standing.job_id != to.standing.job_id:
+        return None
+    row = _queued_row(best.standing.job_id, best.token)
+    claimed = _claim_row(row, runtime) if row is not None else None
+    if claimed is None:
+        return None
+    queue = runtime.tiers.get(row["tier_id"]).queue_name  # type: ignore[index]
+    runtime.boundary_reader.submit(_withdraw_wake_up, claimed.id, claimed.dispatch_token, queue)
+    log.debug("job %s: handed over on %s", claimed.id, runtime.identity.hostname)
+    return claimed
+
+
+def take_warm_next(runtime: Runtime) -> ClaimedJob | None:
+    """A GPU whose job has just ended or left it: if the job a free GPU takes next
+    (`order.next_for_gpu`) is one this worker holds warm (workers/warm_cache.py), claim it here
+    at once, as a hand-over does. Another GPU that took its message leaves it to this one for a
+    bounded time (`_leave_to_warm_worker`), and cannot wake this one meanwhile. None if not."""
+    if not len(runtime.warm):
+        return None
+    best = order.next_for_gpu(runtime.gpu_count())
+    if best is None or best.standing.job_id not in runtime.warm:
+        return None
+    return take_handed_over(best, runtime, best=best)
+
+
+# How far from the delivering end of a queue a handed-over job's message is looked for.
+WITHDRAW_SCAN = 500
+
+
+def _withdraw_wake_up(job_id: int, token: str, queue_name: str) -> bool:
+    """Remove the message of a job claimed by a hand-over from its queue, if it is still there
+    (a worker may have taken it already, and will find it stale): left there, it would count as
+    a waiting job at every boundary until a worker took it and dropped it. Best effort: one left
+    behind (the broker failed, or it sits deeper than WITHDRAW_SCAN in a long queue) is only a
+    stale message. Whether one was removed."""
+    try:
+        r = client()
+        for raw in reversed(r.lrange(queue_name, -WITHDRAW_SCAN, -1)):  # the oldest first
+            if queues.parse_dispatch(raw) == (job_id, token):
+                return bool(r.lrem(queue_name, 1, raw))  # type: ignore[arg-type]
+    except RedisError as exc:
+        log.info("job %s: its handed-over message stays in %s (%s)", job_id, queue_name, exc)
+    return False
 
 
 def give_back(job_id: int, token: str, runtime: Runtime) -> None:
@@ -161,6 +224,8 @@ def _claim_row(row: dict[str, Any], runtime: Runtime) -> ClaimedJob | None:
             first_start["late_at"] = now
     if not _fits(job_id, token, row["gpu_mem_mib"], runtime):
         return None
+    if _leave_to_warm_worker(row, runtime):
+        return None
     waited_ms = max(int((now - row["enqueued_at"]).total_seconds() * 1000), 0) if row["enqueued_at"] else 0
     changed = transition(
         job_id,
@@ -212,4 +277,28 @@ def _fits(job_id: int, token: str, need_mib: int | None, runtime: Runtime) -> bo
     note = f"needs {need_mib} MiB of GPU memory; {runtime.identity.hostname} had {free} MiB free"
     Job.objects.filter(pk=job_id, state=JobState.QUEUED, dispatch_token=token).update(placement_note=note[:300])
     log.info("job %s: %s; leaving it queued", job_id, note)
+    return False
+
+
+WARM_POLL_S = 0.005  # how often a GPU that leaves a job to its warm worker looks whether it took it
+
+
+def _leave_to_warm_worker(row: dict[str, Any], runtime: Runtime) -> bool:
+    """Whether the job went to the worker that holds it warm while this free GPU left it to
+    that one (`affinity.wait_for_warm_s`: only while that worker is busy, and for a bounded time
+    since the job was queued). False: this GPU claims it, cold."""
+    warm, me = row["worker"], runtime.identity.hostname
+    if not warm or warm == me or not row["checkpoint_files"] or WARM_WAIT_S <= 0:
+        return False
+    busy = any(r.worker == warm for r in order.running())
+    queued_for_s = (timezone.now() - row["enqueued_at"]).total_seconds() if row["enqueued_at"] else math.inf
+    wait_s = affinity.wait_for_warm_s(
+        this_worker=me, warm_worker=warm, warm_worker_busy=busy, queued_for_s=queued_for_s, bound_s=WARM_WAIT_S
+    )
+    until = time.monotonic() + wait_s
+    while time.monotonic() < until:
+        time.sleep(min(WARM_POLL_S, max(until - time.monotonic(), 0.0)))
+        if _queued_row(row["id"], row["dispatch_token"]) is None:
+            log.info("job %s: left to %s, which holds it warm", row["id"], warm)
+            return True
     return False
