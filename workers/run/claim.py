@@ -280,7 +280,9 @@ def _fits(job_id: int, token: str, need_mib: int | None, runtime: Runtime) -> bo
     return False
 
 
-WARM_POLL_S = 0.005  # how often a GPU that leaves a job to its warm worker looks whether it took it
+# How often a GPU that leaves a job to its warm worker looks whether it took it: a read each time,
+# so not too often; finding out late only delays this GPU's giving up, not the job.
+WARM_POLL_S = 0.02
 
 
 def _leave_to_warm_worker(row: dict[str, Any], runtime: Runtime) -> bool:
@@ -290,7 +292,7 @@ def _leave_to_warm_worker(row: dict[str, Any], runtime: Runtime) -> bool:
     warm, me = row["worker"], runtime.identity.hostname
     if not warm or warm == me or not row["checkpoint_files"] or WARM_WAIT_S <= 0:
         return False
-    busy = any(r.worker == warm for r in order.running())
+    busy = Job.objects.filter(state=JobState.RUNNING, worker=warm).exists()  # one indexed read, not the order
     queued_for_s = (timezone.now() - row["enqueued_at"]).total_seconds() if row["enqueued_at"] else math.inf
     wait_s = affinity.wait_for_warm_s(
         this_worker=me, warm_worker=warm, warm_worker_busy=busy, queued_for_s=queued_for_s, bound_s=WARM_WAIT_S
