@@ -130,6 +130,20 @@ class Summary:
         return cls(len(data), percentile(data, 50), percentile(data, 90), percentile(data, 99), sum(data) / len(data))
 
 
+def turn_ladder(slice_ms: float, slices: int, tier: str = "SP") -> str:
+    """CLOCKQ_SERVICE_LADDER_S with a rung every 0.9 slice of `tier`'s service, for `slices`
+    slices: two jobs of one tier sharing a GPU then take turns. Jobs of one class never displace
+    one another (clockq/policy/ordering.py), so with the default ladder (minutes of GPU time)
+    neither would make way; with this one the job that ran last passes a rung the waiting one
+    has not, and yields to it, about every other boundary (A B B A A B B ...)."""
+    from clockq.policy.ordering import Ladder
+    from clockq.policy.tiers import TIER_BY_CODE
+
+    spacing_s = 0.9 * slice_ms / 1000 / Ladder().weight(TIER_BY_CODE[tier].rank)
+    rungs = math.ceil(slices / 0.9) + 4
+    return ",".join(repr(round(spacing_s * (k + 1), 9)) for k in range(rungs))
+
+
 def percentile(sorted_data: Sequence[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default)."""
     if not sorted_data:

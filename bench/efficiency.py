@@ -13,10 +13,15 @@ submitted together to one GPU, in four configurations, each on a fresh worker:
 
     baseline    SP base = min slice = 600000 ms: each job runs in one slice, one after the
                 other, with no slicing (one job-to-job hop, as any queue has)
-    50 ms       base = min = 50 ms, CLOCKQ_OVERHEAD_BUDGET=0: every boundary is a real switch
+    50 ms       base = min = 50 ms, CLOCKQ_OVERHEAD_BUDGET=0
     20 ms       base = min = 20 ms, CLOCKQ_OVERHEAD_BUDGET=0
     20 ms+rule  base = min = 20 ms, CLOCKQ_OVERHEAD_BUDGET=0.05: the planner stretches each
                 job's slices to switch_cost / 0.05 once it has measured a switch
+
+Jobs of one class never displace one another (clockq/policy/ordering.py), so each configuration's
+service ladder has a rung every 0.9 slice (`_harness.turn_ladder`): the two jobs take turns about
+every other boundary (A B B A A ...), and the report counts the switches. The baseline's rungs are
+minutes apart, so its jobs run one after the other.
 
 The jobs declare `--gpu-util` (default 0.45), for which the specification's slice formula gives
 exactly the base slice (0.8 + 0.4 * 0.45 / 0.9 = 1.0), so the slices are the length asked for.
@@ -48,7 +53,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from _harness import filesystem_of, private_clockq, start_gpu_worker, wait_for
+from _harness import filesystem_of, private_clockq, start_gpu_worker, turn_ladder, wait_for
 
 HALF_MS_TRUNCATION = 0.5  # Slice.used_ms is stored as int(ms)
 BASELINE_SLICE_MS = 600_000
@@ -148,7 +153,12 @@ def run_config(args, config: Config, repeat: int, owner, env: dict[str, str], wo
 
     # Before the worker starts: its tier cache and its settings are read fresh.
     QueueTier.objects.filter(code="SP").update(base_slice_ms=config.slice_ms, min_slice_ms=config.slice_ms)
-    worker = start_gpu_worker(0, 1, {**env, "CLOCKQ_OVERHEAD_BUDGET": config.budget}, work)
+    # The two jobs take turns only when their services part by a rung (turn_ladder): with the
+    # default ladder neither would make way for the other, and no slice would be a switch.
+    ladder = turn_ladder(config.slice_ms, math.ceil(args.steps * args.step_ms / config.slice_ms) + 3)
+    worker = start_gpu_worker(
+        0, 1, {**env, "CLOCKQ_OVERHEAD_BUDGET": config.budget, "CLOCKQ_SERVICE_LADDER_S": ladder}, work
+    )
     services.append(worker)
     try:
         params = workloads.validate(

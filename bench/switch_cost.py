@@ -80,6 +80,7 @@ from pathlib import Path
 
 import redis
 from _harness import ROOT, EventLog, Service, private_clockq, wait_for
+from _harness import turn_ladder as _harness_turn_ladder
 from _switch_analysis import (
     BARE_PHASES,
     Measured,
@@ -171,14 +172,8 @@ def slices_per_job(args) -> int:
 
 
 def turn_ladder(args) -> str:
-    """CLOCKQ_SERVICE_LADDER_S with a rung every 0.9 SP slice of service, for as long as a job
-    runs: with the default ladder (minutes of GPU time) neither job would ever make way."""
-    from clockq.policy.ordering import Ladder
-    from clockq.policy.tiers import TIER_BY_CODE
-
-    spacing_s = 0.9 * args.slice_ms / 1000 / Ladder().weight(TIER_BY_CODE["SP"].rank)
-    rungs = math.ceil(slices_per_job(args) / 0.9) + 4
-    return ",".join(repr(round(spacing_s * (k + 1), 9)) for k in range(rungs))
+    """The run's service ladder: the jobs take turns about every other slice (_harness.turn_ladder)."""
+    return _harness_turn_ladder(args.slice_ms, slices_per_job(args))
 
 
 def compare_broker_settings(bare_app) -> list[str]:
