@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from django.utils import timezone
@@ -21,6 +22,7 @@ from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import ResultError
 from clockq.policy.slicing import BoundaryAction, SliceOutcome, ewma
 from clockq.policy.states import JobState
+from workers.rt_lane import Lane, wait_while_lent
 from workers.run import summary
 from workers.run.boundary import SliceBoundary
 from workers.run.checkpointer import Checkpointer
@@ -60,10 +62,16 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
         give_back(job_id, token, runtime)
         runtime.drain.ask_main_process()
         return RunOutcome.DRAINED
-    job = claim_job(job_id, token, runtime)
+    lane = Lane.of(runtime)  # this worker is a GPU's standby RT lane (workers/rt_lane.py)
+    if lane is None:
+        wait_while_lent(runtime)
+        job = claim_job(job_id, token, runtime)
+    else:
+        job = lane.claim(job_id, token)
     if job is None:
         return RunOutcome.STALE
-    outcome = JobRun(job, runtime).run()
+    with lane.turn(job) if lane is not None else nullcontext():
+        outcome = JobRun(job, runtime).run()
     summary.log_run(job_id, outcome)
     if runtime.shutting_down():
         # A stopping worker writes what it snapshotted before it exits.
