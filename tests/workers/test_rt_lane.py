@@ -110,9 +110,10 @@ def test_kill_9_of_the_lane_resumes_the_paused_job_and_loses_nothing(start_worke
     _workers, lane = _start(start_workers, CLOCKQ_LEASE_S="2", CLOCKQ_PAUSE_MAX_S="600")
     big = _submit(alice, "SP", "big", gpu_mem_mib=1024, steps=300, step_ms=10, state_kb=64)
     _running(big)
-    rt = _submit(alice, "RT", "long-inference", gpu_mem_mib=1024, steps=3000, step_ms=10)
+    main = Job.objects.get(pk=big.pk).worker
+    rt = _submit(alice, "RT", "long-inference", gpu_mem_mib=1024, steps=300, step_ms=10)
     wait_for(lambda: Job.objects.get(pk=rt.pk).worker == lane, 30, what="the RT job in the lane")
-    wait_for(lambda: lanes.pause_request(client(), big.worker) is not None, 30, what="the pause request")
+    wait_for(lambda: lanes.pause_request(client(), main) is not None, 30, what="the pause request")
 
     os.kill(_pid(lane), signal.SIGKILL)
 
@@ -123,7 +124,10 @@ def test_kill_9_of_the_lane_resumes_the_paused_job_and_loses_nothing(start_worke
     big, rt = wait_finished(big, rt, timeout=120)
 
     assert big.state == rt.state == "succeeded"
-    assert claims(big) == 1 and big.checkpoint_generation == 0
+    # The big job lost nothing: each of its steps ran once. (The RT job's second run may take
+    # the restarted lane, or, before that lane is back, make the big job leave by checkpoint.)
+    assert not big.slices.filter(outcome="lost").exists()
+    assert sum(big.slices.values_list("steps", flat=True)) == 300
     assert rt.slices.filter(outcome="lost").count() == 1
     assert_no_overlap(big)
     assert_no_overlap(rt)
@@ -148,5 +152,6 @@ def test_kill_9_of_the_paused_worker_loses_only_its_slice(start_workers, alice):
     assert big.state == rt.state == "succeeded"
     assert claims(rt) == 1 and rt.worker == lane
     assert big.slices.filter(outcome="lost").count() == 1
+    assert not rt.slices.exclude(outcome__in=["continued", "completed"]).exists()
     assert_no_overlap(big)
     assert lanes.pause_request(client(), main) is None  # the lane gave the room back

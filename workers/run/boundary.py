@@ -93,6 +93,9 @@ class SliceBoundary:
         self.awaited: tuple[int, float] | None = None
         self.passed_over: set[int] = set()
         self.lane_leave: str | None = None  # an RT job in the GPU's lane this job leaves for (`make_way_for_lane`)
+        # A GPU's RT lane runs RT jobs only, beside the GPU's own job: no job of the order takes
+        # its place (and RT never displaces RT), so its jobs make way for no one.
+        self.in_lane = runtime.identity.lane_of is not None
 
     def new_slice(self, planned_ms: float) -> None:
         """A read made for an earlier slice is not this one's."""
@@ -113,6 +116,8 @@ class SliceBoundary:
         slice's service so far. True only if the order names a waiting job to make way for now;
         the boundary then decides from that read. Otherwise the slice goes on as it was."""
         rank = self.runtime.interrupts.take_urgent()
+        if self.in_lane:
+            return False
         relook = False
         if rank is None:
             if self.relook_at is None or time.monotonic() < self.relook_at:
@@ -274,7 +279,7 @@ class SliceBoundary:
         view = BrokerView() if done else self._broker_view()
         row = self._row()
         outranked_by = None
-        if any(view.waiting):
+        if any(view.waiting) and not self.in_lane:
             first = order.displacing(
                 self.job_id,
                 freed=view.freed,
