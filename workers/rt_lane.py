@@ -147,7 +147,9 @@ class Lane:
         running = Job.objects.filter(pk=target, state=JobState.RUNNING, worker=self.main)
         while running.exists():
             if time.monotonic() > deadline:
-                log.warning("job %s on %s has not left for RT job in %s; running beside it", target, self.main, self.name)
+                log.warning(
+                    "job %s on %s has not left for RT job in %s; running beside it", target, self.main, self.name
+                )
                 return
             time.sleep(POLL_S)
 
@@ -252,7 +254,13 @@ class PauseWatch:
         try:
             lanes.record_pause(
                 client(),
-                {"job": self.job_id, "rt_job": request.rt_job, "worker": self.me, "paused_ms": paused_s * 1000, "how": how},
+                {
+                    "job": self.job_id,
+                    "rt_job": request.rt_job,
+                    "worker": self.me,
+                    "paused_ms": paused_s * 1000,
+                    "how": how,
+                },
             )
         except RedisError as exc:
             log.warning("job %s: could not record its pause: %s", self.job_id, exc)

@@ -54,7 +54,9 @@ class PauseRequest:
         try:
             data = json.loads(raw)
             target = data.get("target")
-            return cls(int(data["rt_job"]), str(data["lane"]), str(data["mode"]), None if target is None else int(target))
+            return cls(
+                int(data["rt_job"]), str(data["lane"]), str(data["mode"]), None if target is None else int(target)
+            )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 

@@ -60,7 +60,7 @@ def _state_bin(job: Job) -> bytes:
 
 
 def test_an_rt_job_that_fits_runs_in_the_lane_while_the_big_job_pauses_in_place(start_workers, alice):
-    workers, lane = _start(start_workers, CLOCKQ_SIM_GPU_MEMORY_MIB="16384", CLOCKQ_PAUSE_MAX_S="600")
+    _workers, lane = _start(start_workers, CLOCKQ_SIM_GPU_MEMORY_MIB="16384", CLOCKQ_PAUSE_MAX_S="600")
     # The lane's heartbeat says whose lane it is, and counts as no GPU of its own
     beat = json.loads(client().get(f"clockq:worker:{lane}"))
     assert beat["gpu"] is None and beat["rt_lane_gpu"] == 0 and beat["rt_lane_of"].startswith("gpu0@")

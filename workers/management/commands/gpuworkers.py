@@ -43,7 +43,9 @@ class Command(BaseCommand):
             kind = "simulated" if gpu.simulated else "NVML"
             self.stdout.write(f"GPU {gpu.index}: {gpu.name} ({gpu.memory_total_mib} MiB, {kind})")
         if settings.CLOCKQ_RT_LANE:
-            self.stdout.write(f"RT lanes: one per GPU; a job paused for one checkpoints after {settings.CLOCKQ_PAUSE_MAX_S} s")
+            self.stdout.write(
+                f"RT lanes: one per GPU; a job paused for one checkpoints after {settings.CLOCKQ_PAUSE_MAX_S} s"
+            )
         self.stdout.write(self._how_commands_run())
         worker_names = {g.index: f"gpu{g.index}@{settings.CLOCKQ_HOST}" for g in gpus}
         lane_names = {g.index: f"rt{g.index}@{settings.CLOCKQ_HOST}" for g in gpus} if settings.CLOCKQ_RT_LANE else {}
