@@ -4,7 +4,7 @@ each against idle GPUs and against the smallest size, in one run.
 Usage (from the repository root):
 
     .venv/bin/python bench/rt_latency.py [--gpus 2] [--rt-jobs 100] [--busy-tier SP] [--busy-slice-ms 500]
-                                         [--busy-state-mb 1 64 256]
+                                         [--busy-state-mb 1 64 256] [--rt-lane]
 
 Everything runs privately and is stopped and deleted at the end: a redis-server on a free port,
 a fresh SQLite file, temporary checkpoint and var directories, and one GPU worker per simulated
@@ -56,6 +56,11 @@ JobEvent and Slice timestamps of the busy job P that made way:
     hop+claim  COMMIT, publish of P's requeue message, task return and ack, BRPOP of the RT
                message, hand-off to the pool child, DB connection, claim read -> first_started_at
 
+With `--rt-lane`, each GPU also has its standby RT lane (CLOCKQ_RT_LANE=on, workers/rt_lane.py),
+started as `gpuworkers` starts it: an RT job then runs in a lane while the busy job pauses in
+place (the synthetic jobs declare no GPU memory, and the RT jobs need none, so they fit), and the
+report gives, per phase, the share of RT jobs served by pausing in place.
+
 The report is one table (p50, p99, max; for each busy size also its p99 over the p99 behind the
 smallest size), then the goals for every size of 64 MB or more: p99 <= 50 ms, and p99 <= 2x
 the p99 behind the smallest size. Each goal line prints the figure, met or not.
@@ -74,7 +79,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _harness import Service, filesystem_of, percentile, private_clockq, start_gpu_worker, wait_for
+import redis
+from _harness import ROOT, Service, filesystem_of, percentile, private_clockq, start_gpu_worker, wait_for
 from _rt_analysis import PHASES, BusyCheck, Phase, SignalLog, check_busy, collect
 
 GOAL_MS = 50.0  # the specification's RT wait target
@@ -113,6 +119,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="seed of the random gaps")
     p.add_argument("--tmp-dir", type=Path, default=None, help="where the temporary directory goes")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, database)")
+    p.add_argument("--rt-lane", action="store_true", help="a standby RT lane per GPU (CLOCKQ_RT_LANE=on)")
     args = p.parse_args(argv)
     if (
         args.gpus < 1
@@ -141,6 +148,7 @@ class BusyRun:
     phase: Phase
     ended_at: object  # datetime: when the RT sequence ended, before the busy jobs were cancelled
     check: BusyCheck | None = None
+    lanes: dict[str, int] | None = None  # the RT jobs that lanes took in this phase, by path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,18 +174,25 @@ def main(argv: list[str] | None = None) -> int:
             rt_timeout_ms = QueueTier.objects.get(code="RT").start_timeout_ms
             QueueTier.objects.filter(code="RT").update(start_timeout_ms=None)
             owner = get_user_model().objects.create_user("rt-latency-bench")
+            if args.rt_lane:
+                stack.env["CLOCKQ_RT_LANE"] = "on"
             for index in range(args.gpus):
                 stack.services.append(start_gpu_worker(index, args.gpus, stack.env, stack.work))
             workers = stack.services[1:]
+            if args.rt_lane:
+                stack.services += [start_rt_lane(index, args.gpus, stack.env, stack.work) for index in range(args.gpus)]
             signals = SignalLog(stack.broker_url)
             try:
                 rng = random.Random(args.seed)
+                served = lane_counts()
                 idle = run_rt_sequence(args, "idle", owner, workers, rng, [], state_mb=0)
+                idle_lanes, served = lane_delta(served)
                 runs: list[BusyRun] = []
                 for state_mb in args.busy_state_mb:
                     ids = start_busy_jobs(args, state_mb, owner, workers)
                     phase = run_rt_sequence(args, f"busy-{state_mb}mb", owner, workers, rng, ids, state_mb)
                     runs.append(BusyRun(state_mb, ids, phase, timezone.now()))
+                    runs[-1].lanes, served = lane_delta(served)
                     stop_busy_jobs(ids, state_mb, workers)
                 for phase in (idle, *(run.phase for run in runs)):
                     collect(phase, signals)
@@ -190,7 +205,65 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     report(args, stack.work, idle, runs, rt_timeout_ms, time.monotonic() - started)
+    if args.rt_lane:
+        report_lanes(args, idle_lanes, runs)
     return 0
+
+
+def start_rt_lane(index: int, count: int, env: dict[str, str], work: Path, timeout: float = 90) -> Service:
+    """GPU `index`'s standby RT lane, started as `gpuworkers` starts it; returns once it is idle."""
+    from clockq.bus import lanes
+    from clockq.bus.heartbeat import KEY_PREFIX
+    from clockq.stack.roles import gpu_worker_argv, rt_lane_argv
+    from workers.gpus import gpu_worker_env, simulated_gpus
+    from workers.rt_lane import rt_lane_env
+
+    gpu = simulated_gpus(count)[index]
+    main_argv, argv = gpu_worker_argv(gpu.index), rt_lane_argv(gpu.index)
+    main, hostname = main_argv[main_argv.index("--hostname") + 1], argv[argv.index("--hostname") + 1]
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    client.delete(KEY_PREFIX + hostname)
+    lane_env = {**env, **gpu_worker_env(gpu), **rt_lane_env(main)}
+    lane = Service(f"RT lane {index}", argv, lane_env, ROOT, work / f"rt{index}-lane.log").start()
+
+    def ready() -> bool:
+        lane.check_alive()
+        return bool(client.exists(KEY_PREFIX + hostname)) and client.zscore(lanes.IDLE_KEY, hostname) is not None
+
+    try:
+        wait_for(ready, timeout, f"RT lane {index} to be ready", interval=0.1)
+    except BaseException:
+        lane.stop()
+        raise
+    return lane
+
+
+def lane_counts() -> dict[str, int]:
+    from clockq.bus import lanes
+
+    return lanes.served()
+
+
+def lane_delta(before: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """The RT jobs lanes took since `before`, by path, and the counts now."""
+    now = lane_counts()
+    return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}, now
+
+
+def report_lanes(args, idle: dict[str, int], runs: list[BusyRun]) -> None:
+    n = args.warmup + args.rt_jobs
+
+    def line(label: str, served: dict[str, int] | None) -> str:
+        served = served or {}
+        paused = served.get("pause", 0)
+        rest = ", ".join(f"{k} {v}" for k, v in sorted(served.items()) if k != "pause") or "nothing else"
+        return f"{label}: {paused}/{n} RT jobs served by pausing in place ({paused / n:.0%}); lanes took also: {rest}"
+
+    print()
+    print("RT lanes (warm-up submissions included):")
+    print(line("  idle GPUs", idle))
+    for run in runs:
+        print(line(f"  behind {run.state_mb} MB", run.lanes))
 
 
 # --- the runs -------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ class WorkerIdentity:
     gpu_index: int
     simulated: bool = True
     memory_total_mib: int | None = None
+    lane_of: str | None = None  # a GPU's standby RT lane (workers/rt_lane.py): the main worker's name
 
     @classmethod
     def from_env(cls, hostname: str) -> WorkerIdentity:
@@ -56,6 +57,7 @@ class WorkerIdentity:
             gpu_index=int(os.environ.get("CLOCKQ_GPU_INDEX", "-1")),
             simulated=os.environ.get("CLOCKQ_GPU_SIMULATED", "1") == "1",
             memory_total_mib=int(memory) if memory else None,
+            lane_of=os.environ.get(heartbeat.RT_LANE_OF_ENV) or None,
         )
 
 
@@ -234,7 +236,10 @@ class Runtime:
     def leave_gpu(self) -> bool:
         """This worker's job is about to leave its GPU: mark the GPU free (clockq/bus/free_gpus.py)
         before the write that frees it, so that no other GPU's boundary in between takes it for
-        gone and makes way for a job this one is about to claim. Whether the mark was set."""
+        gone and makes way for a job this one is about to claim. Whether the mark was set. An RT
+        lane marks nothing: it is no GPU another job could take."""
+        if self.identity.lane_of is not None:
+            return False
         try:
             free_gpus.mark_free(client(), self.identity.hostname)
             return True

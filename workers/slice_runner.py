@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from django.utils import timezone
@@ -21,6 +22,7 @@ from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import ResultError
 from clockq.policy.slicing import BoundaryAction, SliceOutcome, ewma
 from clockq.policy.states import JobState
+from workers.rt_lane import Lane, wait_while_lent
 from workers.run import summary
 from workers.run.boundary import SliceBoundary
 from workers.run.checkpointer import Checkpointer
@@ -61,13 +63,19 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
         give_back(job_id, token, runtime)
         runtime.drain.ask_main_process()
         return RunOutcome.DRAINED
-    job = claim_job(job_id, token, runtime)
+    lane = Lane.of(runtime)  # this worker is a GPU's standby RT lane (workers/rt_lane.py)
+    if lane is None:
+        wait_while_lent(runtime)
+        job = claim_job(job_id, token, runtime)
+    else:
+        job = lane.claim(job_id, token)
     if job is None:
         return RunOutcome.STALE
     outcomes: list[RunOutcome] = []
     while job is not None:  # the message's claim, then the jobs handed over after it
         run = JobRun(job, runtime)
-        outcome = run.run()
+        with lane.turn(job) if lane is not None else nullcontext():
+            outcome = run.run()
         outcomes.append(outcome)
         summary.log_run(job.id, outcome)
         if runtime.shutting_down():
@@ -75,16 +83,19 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
             runtime.persister.flush()
         if outcome == RunOutcome.STORAGE_FAULT:
             runtime.back_off()
-        job = _hand_over(run, outcome, runtime)
+        # A GPU's RT lane takes only the RT jobs its messages wake it for (workers/rt_lane.py).
+        job = _hand_over(run, outcome, runtime) if lane is None else None
     return outcomes[0]
 
 
 def _hand_over(run: JobRun, outcome: RunOutcome, runtime: Runtime) -> ClaimedJob | None:
     """The next job this GPU takes without the broker, or None: after a yield to a waiting job
     of the yielding job's own tier, that job (`claim.take_handed_over`); after a run that ended
-    well, the order's next job if this worker holds it warm (`claim.take_warm_next`)."""
+    well, the order's next job if this worker holds it warm (`claim.take_warm_next`). Not while
+    the GPU's lane has it for an RT job (`wait_while_lent`, as before a claim from a message)."""
     if outcome not in _FREES_GPU or runtime.shutting_down() or runtime.drain.drained():
         return None
+    wait_while_lent(runtime)
     to = run.boundary.made_way_to
     if outcome == RunOutcome.YIELDED and to is not None and to.standing.rank == run.tiers.current.rank:
         return take_handed_over(to, runtime)

@@ -17,12 +17,13 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from clockq.bus import names
+from clockq.bus import lanes, names
 from clockq.bus.client import client
 
 log = logging.getLogger("clockq.heartbeat")
 
 KEY_PREFIX = "clockq:worker:"
+RT_LANE_OF_ENV = "CLOCKQ_RT_LANE_OF"  # set on a GPU's RT lane: the name of the GPU's main worker
 INTERVAL_S = 5
 TTL_S = 15
 
@@ -44,9 +45,14 @@ def start(
     ladder this process orders jobs by, so that a client can tell which order a cluster runs
     (bench/replay_live.py refuses to compare with a simulator on another ladder). `status`
     adds what changes while it runs (a GPU worker: whether it takes jobs, see workers/drain.py)."""
+    # A GPU's standby RT lane (workers/rt_lane.py) is no GPU of its own: it says which GPU it
+    # serves, and counts nowhere as a GPU worker.
+    lane_of = os.environ.get(RT_LANE_OF_ENV)
+    lane = {"rt_lane_of": lane_of, "rt_lane_gpu": gpu_index} if lane_of else {}
     info = {
         "hostname": hostname,
-        "gpu": gpu_index,
+        "gpu": None if lane_of else gpu_index,
+        **lane,
         "pid": os.getpid(),
         "host": settings.CLOCKQ_HOST,
         "started": time.time(),
@@ -61,6 +67,8 @@ def start(
         while True:
             try:
                 announce(client(), {**info, **(status() if status is not None else {})})
+                if lane_of:
+                    lanes.keep_idle(client(), hostname)
                 if instance and not names.renew(client(), hostname, instance):
                     log.error("%s: another launcher holds this name; two workers may run under it", hostname)
                 if on_beat is not None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from clockq.bus import free_gpus
+from clockq.bus import free_gpus, lanes
 from clockq.bus.client import client
 from clockq.bus.dispatch import RUN_SLICE_TASK
 from clockq.policy.tiers import QUEUES_IN_ORDER
@@ -36,16 +36,21 @@ class BrokerView:
 
     waiting: list[int] = field(default_factory=list)  # messages per tier rank, most urgent first
     freed: frozenset[str] = frozenset()  # workers that left a job just now (clockq/bus/free_gpus.py)
+    idle_lanes: int = 0  # idle standby RT lanes (clockq/bus/lanes.py), counted only if asked
 
 
-def boundary_view(queues: Sequence[str] = QUEUES_IN_ORDER) -> BrokerView:
-    """The queue lengths and the GPUs just freed. One round trip."""
+def boundary_view(queues: Sequence[str] = QUEUES_IN_ORDER, *, count_lanes: bool = False) -> BrokerView:
+    """The queue lengths and the GPUs just freed (and, if asked, the idle RT lanes). One round trip."""
     pipe = client().pipeline(transaction=False)
     for queue in queues:
         pipe.llen(queue)
     free_gpus.add_recently_freed(pipe)
-    *lengths, freed = pipe.execute()
-    return BrokerView([int(n) for n in lengths], free_gpus.parse(freed))
+    if count_lanes:
+        lanes.add_idle_count(pipe)
+    replies = pipe.execute()
+    idle = int(replies.pop()) if count_lanes else 0
+    *lengths, freed = replies
+    return BrokerView([int(n) for n in lengths], free_gpus.parse(freed), idle)
 
 
 def parse_dispatch(raw: bytes | str) -> tuple[int, str] | None:

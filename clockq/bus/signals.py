@@ -10,6 +10,8 @@ loop checks the flags at every step (a few hundred nanoseconds):
   leaves its GPU only if so: the policy, not the first worker to hear, names the victim.
 - `job <id>`: an operator changed a job (cancel, hold, requeue). The worker running it ends its
   slice at the next step and reads the job row.
+- `lane <worker>`: a GPU's standby RT lane asks its main worker `worker` to pause (or leave) at
+  its next step, or lets it go on (clockq/bus/lanes.py holds the request itself).
 - `fleet`: an operator drained or resumed a GPU or a host. Each worker process reads its drain
   again before its next claim (workers/drain.py).
 
@@ -45,6 +47,11 @@ def announce_fleet_changed(client: redis.Redis) -> None:
     _publish(client, {"kind": "fleet"})
 
 
+def announce_lane(client: redis.Redis, worker: str, request: str | None) -> None:
+    """The pause request for the main worker `worker` is now `request` (None: withdrawn)."""
+    _publish(client, {"kind": "lane", "worker": worker, "request": request})
+
+
 def _publish(client: redis.Redis, message: dict) -> None:
     try:
         client.publish(CHANNEL, json.dumps(message))
@@ -63,6 +70,9 @@ class Interrupts:
         self._lock = threading.Lock()
         # Set when a drain or resume was announced: the worker reads its drain again.
         self.fleet_changed = threading.Event()
+        # Pause requests of RT lanes, by main worker name (clockq/bus/lanes.py), as last heard.
+        self._lane_requests: dict[str, str] = {}
+        self.lane_changed = threading.Event()
 
     def heard_urgent(self, rank: int) -> None:
         with self._lock:
@@ -97,6 +107,18 @@ class Interrupts:
             self.urgent.clear()
             self._poked.discard(job_id)
 
+    def heard_lane(self, worker: str, request: str | None) -> None:
+        with self._lock:
+            if request is None:
+                self._lane_requests.pop(worker, None)
+            else:
+                self._lane_requests[worker] = request
+        self.lane_changed.set()
+
+    def lane_request(self, worker: str) -> str | None:
+        """The pause request last heard for the main worker `worker`. Called at every step."""
+        return self._lane_requests.get(worker) if self._lane_requests else None
+
     def handle(self, raw: bytes | str) -> None:
         try:
             message = json.loads(raw)
@@ -104,6 +126,9 @@ class Interrupts:
                 self.heard_urgent(int(message["rank"]))
             elif message.get("kind") == "job":
                 self.poke(int(message["job"]))
+            elif message.get("kind") == "lane":
+                request = message.get("request")
+                self.heard_lane(str(message["worker"]), None if request is None else str(request))
             elif message.get("kind") == "fleet":
                 self.fleet_changed.set()
         except (ValueError, TypeError, KeyError, AttributeError):

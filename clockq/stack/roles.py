@@ -31,6 +31,13 @@ def gpu_worker_argv(gpu_index: int, host: str | None = None, loglevel: str = "IN
     return [*celery_worker_argv(f"gpu{gpu_index}", host, queues, "prefork", loglevel), "--task-events"]
 
 
+def rt_lane_argv(gpu_index: int, host: str | None = None, loglevel: str = "INFO") -> list[str]:
+    """A GPU's standby RT lane (workers/rt_lane.py): a second worker on the same GPU that takes
+    only RT jobs, started beside the GPU's main worker and kept warm; task events for Flower."""
+    rt = QUEUES_IN_ORDER[0]
+    return [*celery_worker_argv(f"rt{gpu_index}", host, rt, "prefork", loglevel), "--task-events"]
+
+
 def gpu_host_argv() -> list[str]:
     """The gpu role: one pinned worker per GPU of this host, supervised (`manage.py gpuworkers`)."""
     return [sys.executable, "manage.py", "gpuworkers"]

@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError
 from django.db import connection as db_connection
 from django.utils import timezone
@@ -31,6 +32,7 @@ from clockq.bus.queues import BrokerView
 from clockq.jobs import hot_sql, order
 from clockq.jobs.models import Job
 from clockq.policy import ordering
+from clockq.policy.lanes import lanes_take_urgent
 from clockq.policy.slicing import Boundary, BoundaryAction, Decision, PendingAction, decide_at_boundary, ewma
 from clockq.policy.states import JobState
 from workers.run.checkpointer import Checkpointer
@@ -94,6 +96,10 @@ class SliceBoundary:
         self.passed_over: set[int] = set()
         # The waiting job the last decision left the GPU to, for the order: what a hand-over takes.
         self.made_way_to: order.Waiting | None = None
+        self.lane_leave: str | None = None  # an RT job in the GPU's lane this job leaves for (`make_way_for_lane`)
+        # A GPU's RT lane runs RT jobs only, beside the GPU's own job: no job of the order takes
+        # its place (and RT never displaces RT), so its jobs make way for no one.
+        self.in_lane = runtime.identity.lane_of is not None
 
     def new_slice(self, planned_ms: float) -> None:
         """A read made for an earlier slice is not this one's."""
@@ -114,6 +120,8 @@ class SliceBoundary:
         slice's service so far. True only if the order names a waiting job to make way for now;
         the boundary then decides from that read. Otherwise the slice goes on as it was."""
         rank = self.runtime.interrupts.take_urgent()
+        if self.in_lane:
+            return False
         relook = False
         if rank is None:
             if self.relook_at is None or time.monotonic() < self.relook_at:
@@ -129,6 +137,11 @@ class SliceBoundary:
         the restore and one step. The same look as at a step (`interrupted`)."""
         return self.interrupted(serving_ms=0.0)
 
+    def make_way_for_lane(self, why: str) -> None:
+        """The slice ended at a step because an RT job in this GPU's lane needs the room
+        (workers/rt_lane.py): the boundary makes way for it through the checkpoint path."""
+        self.lane_leave = why
+
     def decide(self, done: bool, cut_short: bool, used_ms: float) -> Decision:
         """The policy's decision at this boundary, after a slice that ran `used_ms`.
         LostOwnership if the job is no longer ours."""
@@ -138,6 +151,8 @@ class SliceBoundary:
             read = self._prefetched()
         if read is None:
             read = self._read_boundary(done, cut_short)
+        if self.lane_leave is not None:
+            read, self.lane_leave = replace(read, outranked_by=read.outranked_by or self.lane_leave), None
         self.checkpoints.marked_ahead = read.marked
         row = read.row
         if row is None or row["state"] != JobState.RUNNING or row["dispatch_token"] != self.token:
@@ -186,6 +201,8 @@ class SliceBoundary:
         if not any(n for rank, n in enumerate(view.waiting) if ordering.interrupts(rank)):
             self.awaited, self.passed_over = None, set()
             return False
+        if lanes_take_urgent(view.waiting, view.idle_lanes):
+            return False  # idle RT lanes take them, pausing jobs in place (workers/rt_lane.py)
         try:
             way = self._make_way(view, serving_ms)
             if way.mine is None and self._overdue(way.victim_id):
@@ -267,7 +284,7 @@ class SliceBoundary:
         view = BrokerView() if done else self._broker_view()
         row = self._row()
         outranked_by, first = None, None
-        if any(view.waiting):
+        if any(view.waiting) and not self.in_lane:
             first = order.displacing(
                 self.job_id,
                 freed=view.freed,
@@ -317,7 +334,7 @@ class SliceBoundary:
         """Jobs waiting per tier and the GPUs just freed, from the broker: the cheap first look.
         When someone waits, the database confirms it."""
         try:
-            return queues.boundary_view()
+            return queues.boundary_view(count_lanes=settings.CLOCKQ_RT_LANE)
         except RedisError as exc:
             # With the broker down nothing can be dispatched anyway: keep the GPU busy.
             log.warning("job %s: cannot read queue lengths (%s); continuing", self.job_id, exc)

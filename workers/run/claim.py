@@ -164,6 +164,13 @@ def _withdraw_wake_up(job_id: int, token: str, queue_name: str) -> bool:
     return False
 
 
+def claim_message_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
+    """Claim the message's own job and no other: a GPU's RT lane (workers/rt_lane.py) takes only
+    the RT jobs its queue wakes it for, not what the order would give a whole GPU."""
+    row = _queued_row(job_id, token)
+    return _claim_row(row, runtime) if row is not None else None
+
+
 def give_back(job_id: int, token: str, runtime: Runtime) -> None:
     """Put a message this worker will not act on back in its queue, if its job still waits on it."""
     row = _queued_row(job_id, token)

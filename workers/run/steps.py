@@ -16,7 +16,9 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
+from clockq.policy.lanes import service_ms
 from clockq.policy.slicing import SlicePlan, ewma, plan_slice
+from workers.rt_lane import PauseWatch
 from workers.run.boundary import SliceBoundary, prefetch_lead_s
 from workers.run.claim import ClaimedJob
 from workers.run.errors import workload_errors
@@ -40,6 +42,7 @@ class SliceRecord:
     cut_short: bool = False  # ended at a step by an interrupt, before its time was up
     preempted: bool = False  # and made way for an urgent job
     compute_end: float = 0.0  # perf_counter when its last step ended
+    paused_ms: float = 0.0  # paused in place for an RT job in its GPU's lane (workers/rt_lane.py)
 
 
 class StepLoop:
@@ -62,6 +65,7 @@ class StepLoop:
         self.metrics = metrics
         self.progress = job.progress
         self.util_ewma = job.util_ewma
+        self.pauses = PauseWatch(runtime, job.id)
 
     def plan(self) -> SliceRecord:
         """The next slice, as long as the policy plans it for this job's tier and GPU use."""
@@ -78,7 +82,7 @@ class StepLoop:
     def run_slice(self, workload: Workload, record: SliceRecord) -> bool:
         """Step until the slice is used up or cut short; whether the job is done."""
         interrupts, boundary = self.runtime.interrupts, self.boundary
-        start = last = time.perf_counter()
+        began = start = last = time.perf_counter()  # `start` moves on by each pause: a pause is not service
         budget_s = record.plan.ms / 1000.0
         step_s = 0.0  # the last step's length: the next one is likely as long
         done = False
@@ -110,9 +114,18 @@ class StepLoop:
                     if interrupts.poked(self.job_id) or boundary.interrupted((last - start) * 1000):
                         record.cut_short = True
                         break
+                    # The GPU's RT lane takes an RT job: pause here, the state where it is.
+                    if (asked := self.pauses.asked()) is not None:
+                        held = self.pauses.hold(asked)
+                        start, last = start + held.paused_s, last + held.paused_s
+                        record.paused_ms += held.paused_s * 1000
+                        if held.leave is not None:  # no room beside it, or paused too long
+                            record.cut_short = True
+                            boundary.make_way_for_lane(held.leave)
+                            break
         finally:
             record.compute_end = time.perf_counter()
-            record.used_ms = (record.compute_end - start) * 1000
+            record.used_ms = service_ms((record.compute_end - began) * 1000, record.paused_ms)
             stats = self.runtime.sampler.stop()
             record.gpu_util = stats.mean_gpu_util
             if record.gpu_util is not None:

@@ -12,11 +12,12 @@ from django.core.management.base import BaseCommand, CommandError
 from clockq.bus import names
 from clockq.bus.client import client
 from clockq.fleet import registry
-from clockq.stack.roles import gpu_worker_argv
+from clockq.stack.roles import gpu_worker_argv, rt_lane_argv
 from clockq.stack.supervisor import Child, Supervisor
 from workers import sandbox
 from workers.gpus import discover, gpu_worker_env
 from workers.prefetch import Prefetcher
+from workers.rt_lane import rt_lane_env
 from workers.workloads.base import JobRefused
 
 log = logging.getLogger("clockq.gpuworkers")
@@ -41,11 +42,17 @@ class Command(BaseCommand):
         for gpu in gpus:
             kind = "simulated" if gpu.simulated else "NVML"
             self.stdout.write(f"GPU {gpu.index}: {gpu.name} ({gpu.memory_total_mib} MiB, {kind})")
+        if settings.CLOCKQ_RT_LANE:
+            self.stdout.write(
+                f"RT lanes: one per GPU; a job paused for one checkpoints after {settings.CLOCKQ_PAUSE_MAX_S} s"
+            )
         self.stdout.write(self._how_commands_run())
         worker_names = {g.index: f"gpu{g.index}@{settings.CLOCKQ_HOST}" for g in gpus}
-        instance = self._claim_names(list(worker_names.values()))
+        lane_names = {g.index: f"rt{g.index}@{settings.CLOCKQ_HOST}" for g in gpus} if settings.CLOCKQ_RT_LANE else {}
+        held = [*worker_names.values(), *lane_names.values()]
+        instance = self._claim_names(held)
         registry.register_gpu_workers(settings.CLOCKQ_HOST, [(name, i) for i, name in worker_names.items()])
-        keeper = names.Keeper(client, list(worker_names.values()), instance).start()
+        keeper = names.Keeper(client, held, instance).start()
         children = [
             Child(
                 f"gpu{g.index}",
@@ -53,6 +60,16 @@ class Command(BaseCommand):
                 {**gpu_worker_env(g), names.INSTANCE_ENV: instance},
             )
             for g in gpus
+        ]
+        # Each GPU's standby RT lane (workers/rt_lane.py), pinned to the same GPU, started warm.
+        children += [
+            Child(
+                f"rt{g.index}",
+                rt_lane_argv(g.index, loglevel=loglevel),
+                {**gpu_worker_env(g), names.INSTANCE_ENV: instance, **rt_lane_env(worker_names[g.index])},
+            )
+            for g in gpus
+            if g.index in lane_names
         ]
         if settings.CLOCKQ_PREFETCH_EVERY_S:
             Prefetcher(

@@ -1,0 +1,295 @@
+"""A GPU's standby RT lane, and pause in place (CLOCKQ_RT_LANE=on).
+
+The lane is a second Celery worker on the GPU (`rt<N>@<host>`, the same CUDA_VISIBLE_DEVICES),
+started warm by `gpuworkers`, that consumes only the `rt` queue. When it takes an RT job, the
+policy (`clockq.policy.lanes.rt_lane_path`) says how the GPU's running job makes room:
+
+- it pauses in place at its next step, its state where it is (no snapshot, no write, no
+  requeue), when the RT job's declared memory fits beside it; it keeps its lease, and resumes
+  when the RT job ends (`LaneTurn`, `PauseWatch`);
+- otherwise it leaves through the checkpoint path at its next step, as it would make way for
+  any RT job, and its worker claims nothing until the RT job ends.
+
+Crash safety. The pause request lives in Redis with a short TTL that the lane renews while its
+RT job runs (clockq/bus/lanes.py): a lane killed with kill -9 stops renewing it, and the paused
+job resumes within `lanes.PAUSE_TTL_S`; the lane's RT job is the reaper's, as any dead worker's.
+A paused worker killed with kill -9 loses its job's current slice only: its lease runs out and
+the reaper takes the job back from its last checkpoint. A pause never lasts longer than
+CLOCKQ_PAUSE_MAX_S: past it, the paused job leaves through the checkpoint path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from celery.signals import worker_process_init
+from django.conf import settings
+from django.db import connection
+from django.db.models import Q
+from redis import RedisError
+
+from clockq.bus import heartbeat, lanes, signals
+from clockq.bus.client import client
+from clockq.jobs.models import Job
+from clockq.policy.lanes import LanePath, LaneView, pause_over, rt_lane_path
+from clockq.policy.states import JobState
+from workers import runtime as runtimes
+from workers.run.claim import ClaimedJob, claim_message_job
+from workers.runtime import Runtime
+
+log = logging.getLogger("clockq.rt_lane")
+
+LANE_NAME_ENV = "CLOCKQ_RT_LANE_NAME"
+LISTEN_WAIT_S = 5.0
+POLL_S = 0.005  # how often a lane looks whether its main worker's job has left (checkpoint path)
+PAUSED_POLL_S = 0.05  # how often a paused job reads its request, between the signals it hears
+
+
+def rt_lane_env(main: str) -> dict[str, str]:
+    """The environment of the RT lane of the GPU whose main worker is `main` (gpu<N>@<host>)."""
+    return {heartbeat.RT_LANE_OF_ENV: main, LANE_NAME_ENV: "rt" + main.removeprefix("gpu")}
+
+
+# --- the lane's side -------------------------------------------------------------------------
+
+
+class Lane:
+    """The RT lane a process is, if it is one."""
+
+    def __init__(self, runtime: Runtime, main: str):
+        self.runtime = runtime
+        self.main = main
+        self.name = runtime.identity.hostname
+        self._stop_keeping = threading.Event()  # stops renewing the pause request of the current RT job
+
+    @classmethod
+    def of(cls, runtime: Runtime) -> Lane | None:
+        main = runtime.identity.lane_of
+        return cls(runtime, main) if main is not None else None
+
+    def claim(self, job_id: int, token: str) -> ClaimedJob | None:
+        """Make room on the GPU for the RT job, then claim it (the room first: on a real GPU the
+        claim checks that the job fits in the free memory). None if the message is stale."""
+        lanes.mark_busy(client(), self.name)  # before anything: no look counts this lane idle now
+        path, target = self._path(job_id, token)
+        if path is None:
+            lanes.mark_idle(client(), self.name)
+            return None
+        self._make_room(job_id, path, target)
+        job = claim_message_job(job_id, token, self.runtime)
+        if job is None:
+            self._give_room_back(job_id)
+            return None
+        lanes.count_served(client(), path)
+        log.info("RT job %s in lane %s: %s (job %s on %s)", job_id, self.name, path, target, self.main)
+        return job
+
+    @contextmanager
+    def turn(self, job: ClaimedJob) -> Iterator[None]:
+        """Run the RT job `job` (the body), then give the room back: the paused job resumes."""
+        try:
+            yield
+        finally:
+            self._give_room_back(job.id)
+
+    def _make_room(self, rt_job: int, path: LanePath, target: int | None) -> None:
+        mode = lanes.MODE_CHECKPOINT if path == LanePath.CHECKPOINT else lanes.MODE_PAUSE
+        request = lanes.PauseRequest(rt_job=rt_job, lane=self.name, mode=mode, target=target)
+        self._stop_keeping = threading.Event()
+        lanes.request_pause(client(), self.main, request)
+        threading.Thread(
+            target=self._keep, args=(rt_job, self._stop_keeping), name="clockq-lane-keep", daemon=True
+        ).start()
+        if path == LanePath.CHECKPOINT and target is not None:
+            self._wait_until_left(target)
+
+    def _give_room_back(self, rt_job: int) -> None:
+        self._stop_keeping.set()
+        try:
+            lanes.release(client(), self.main, rt_job)
+            lanes.mark_idle(client(), self.name)
+        except RedisError as exc:  # the request expires on its own; the idle mark comes back with the next turn
+            log.warning("lane %s could not release %s: %s", self.name, self.main, exc)
+
+    def _path(self, rt_job: int, token: str) -> tuple[LanePath | None, int | None]:
+        """The policy's way to the GPU for `rt_job` (None if its message is stale), and the main
+        worker's running job, if any. One read of the database."""
+        rows = {
+            row[0]: row
+            for row in Job.objects.filter(Q(pk=rt_job) | Q(state=JobState.RUNNING, worker=self.main)).values_list(
+                "id", "gpu_mem_mib", "state", "dispatch_token"
+            )
+        }
+        rt = rows.pop(rt_job, None)
+        if rt is None or rt[2] != JobState.QUEUED or rt[3] != token:
+            return None, None
+        running = next(iter(rows.values()), None)
+        identity = self.runtime.identity
+        view = LaneView(
+            rt_mem_mib=rt[1],
+            running_mem_mib=running[1] if running is not None else None,
+            running=running is not None,
+            free_mib=None if identity.simulated else self.runtime.probe.free_memory_mib(),
+            total_mib=identity.memory_total_mib,
+        )
+        return rt_lane_path(view), running[0] if running is not None else None
+
+    def _wait_until_left(self, target: int) -> None:
+        """The checkpoint path: the RT job does not fit beside the running job, which leaves at
+        its next step. Wait for that (the database says when), at most CLOCKQ_PAUSE_MAX_S."""
+        deadline = time.monotonic() + settings.CLOCKQ_PAUSE_MAX_S
+        running = Job.objects.filter(pk=target, state=JobState.RUNNING, worker=self.main)
+        while running.exists():
+            if time.monotonic() > deadline:
+                log.warning(
+                    "job %s on %s has not left for RT job in %s; running beside it", target, self.main, self.name
+                )
+                return
+            time.sleep(POLL_S)
+
+    def _keep(self, rt_job: int, stop: threading.Event) -> None:
+        """Renew the pause request while the RT job runs: a lane that dies stops renewing it."""
+        while not stop.wait(lanes.PAUSE_TTL_S / 4):
+            try:
+                lanes.keep_pause(client(), self.main, rt_job)
+            except RedisError as exc:
+                log.warning("lane %s could not renew its pause request: %s", self.name, exc)
+
+
+@worker_process_init.connect
+def _start_warm(**_kwargs) -> None:
+    """A lane's pool process does at its start what a first job would wait for: its runtime,
+    its signal subscription, its database and broker connections. Then it counts as idle."""
+    name = os.environ.get(LANE_NAME_ENV)
+    if not name or not os.environ.get(heartbeat.RT_LANE_OF_ENV):
+        return
+    try:
+        runtime = runtimes.for_worker(name)
+        signals.wait_until_listening(LISTEN_WAIT_S)
+        _ = runtime.leases, runtime.boundary_reader, runtime.probe
+        connection.ensure_connection()
+        lanes.mark_idle(client(), name)
+    except Exception as exc:  # warming up is an optimisation: the first RT job does the rest
+        log.warning("lane %s: warm start incomplete (%s)", name, exc)
+
+
+# --- the main worker's side ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PauseEnd:
+    paused_s: float
+    leave: str | None = None  # why the job leaves through the checkpoint path now, if it does
+
+
+class PauseWatch:
+    """A running job's side of its GPU's lane: at each step, whether the lane asks it to pause
+    (`asked`, a dictionary lookup while nothing was heard), and the pause itself (`hold`)."""
+
+    def __init__(self, runtime: Runtime, job_id: int):
+        self.runtime = runtime
+        self.job_id = job_id
+        self.me = runtime.identity.hostname
+        self.on = settings.CLOCKQ_RT_LANE and runtime.identity.lane_of is None
+        self.handled: set[int] = set()  # RT jobs whose request this job has answered
+
+    def asked(self) -> lanes.PauseRequest | None:
+        if not self.on:
+            return None
+        raw = self.runtime.interrupts.lane_request(self.me)
+        if raw is None:
+            return None
+        request = lanes.PauseRequest.parse(raw)
+        if request is None or request.rt_job in self.handled or not request.applies_to(self.job_id):
+            return None
+        return request
+
+    def hold(self, request: lanes.PauseRequest) -> PauseEnd:
+        """Pause here until the RT job ends, its lane is gone, or the pause is over its bound."""
+        self.handled.add(request.rt_job)
+        if request.mode == lanes.MODE_CHECKPOINT and request.target == self.job_id:
+            return PauseEnd(0.0, leave=_made_way(request, "which does not fit beside it in GPU memory"))
+        began = time.monotonic()
+        how, leave = "resumed", None
+        interrupts = self.runtime.interrupts
+        while True:
+            try:
+                truth = lanes.pause_request(client(), self.me)
+            except RedisError as exc:
+                log.warning("job %s: cannot read its pause request (%s); resuming", self.job_id, exc)
+                how = "resumed: broker unreachable"
+                break
+            if truth is None or truth.rt_job != request.rt_job:
+                if truth is None:
+                    interrupts.heard_lane(self.me, None)  # ended, or expired with its lane: forget it
+                how = "resumed" if truth is not None or self._ended(request.rt_job) else "resumed: lane gone"
+                break
+            paused_s = time.monotonic() - began
+            if pause_over(paused_s, settings.CLOCKQ_PAUSE_MAX_S):
+                how = "checkpoint: pause over its bound"
+                leave = _made_way(request, f"after a pause of {paused_s:.1f} s (CLOCKQ_PAUSE_MAX_S)")
+                break
+            if self.runtime.shutting_down() or interrupts.poked(self.job_id):
+                how = "resumed: stop or operator"
+                break
+            interrupts.lane_changed.wait(PAUSED_POLL_S)
+            interrupts.lane_changed.clear()
+        paused_s = time.monotonic() - began
+        self._record(request, paused_s, how)
+        return PauseEnd(paused_s, leave)
+
+    @staticmethod
+    def _ended(rt_job: int) -> bool:
+        state = Job.objects.filter(pk=rt_job).values_list("state", flat=True).first()
+        return state is None or state != JobState.RUNNING
+
+    def _record(self, request: lanes.PauseRequest, paused_s: float, how: str) -> None:
+        log.info("job %s paused %.1f ms for RT job %s (%s)", self.job_id, paused_s * 1000, request.rt_job, how)
+        try:
+            lanes.record_pause(
+                client(),
+                {
+                    "job": self.job_id,
+                    "rt_job": request.rt_job,
+                    "worker": self.me,
+                    "paused_ms": paused_s * 1000,
+                    "how": how,
+                },
+            )
+        except RedisError as exc:
+            log.warning("job %s: could not record its pause: %s", self.job_id, exc)
+
+
+def _made_way(request: lanes.PauseRequest, why: str) -> str:
+    return f"RT job #{request.rt_job} in this GPU's RT lane {request.lane}, {why}"
+
+
+def wait_while_lent(runtime: Runtime) -> None:
+    """Before a main worker claims: while its lane runs an RT job that its last job made way
+    for through a checkpoint (it does not fit beside another), start nothing; at most
+    CLOCKQ_PAUSE_MAX_S, and not after the request is gone (ended, or expired with its lane)."""
+    if not settings.CLOCKQ_RT_LANE or runtime.identity.lane_of is not None:
+        return
+    me = runtime.identity.hostname
+    raw = runtime.interrupts.lane_request(me)
+    request = lanes.PauseRequest.parse(raw) if raw is not None else None
+    if request is None or request.mode != lanes.MODE_CHECKPOINT:
+        return
+    deadline = time.monotonic() + settings.CLOCKQ_PAUSE_MAX_S
+    while time.monotonic() < deadline and not runtime.shutting_down():
+        try:
+            truth = lanes.pause_request(client(), me)
+        except RedisError:
+            return
+        if truth is None or truth.rt_job != request.rt_job:
+            if truth is None:
+                runtime.interrupts.heard_lane(me, None)
+            return
+        runtime.interrupts.lane_changed.wait(PAUSED_POLL_S)
+        runtime.interrupts.lane_changed.clear()
