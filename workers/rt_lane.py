@@ -40,7 +40,7 @@ from clockq.jobs.models import Job
 from clockq.policy.lanes import LanePath, LaneView, pause_over, rt_lane_path
 from clockq.policy.states import JobState
 from workers import runtime as runtimes
-from workers.run.claim import ClaimedJob, claim_message_job
+from workers.run.claim import ClaimedJob, claim_message_job, give_back
 from workers.runtime import Runtime
 
 log = logging.getLogger("clockq.rt_lane")
@@ -67,6 +67,7 @@ class Lane:
         self.main = main
         self.name = runtime.identity.hostname
         self._stop_keeping = threading.Event()  # stops renewing the pause request of the current RT job
+        self._left_elsewhere: set[int] = set()  # RT jobs this lane left to a free GPU (once each)
 
     @classmethod
     def of(cls, runtime: Runtime) -> Lane | None:
@@ -78,7 +79,12 @@ class Lane:
         claim checks that the job fits in the free memory). None if the message is stale."""
         lanes.mark_busy(client(), self.name)  # before anything: no look counts this lane idle now
         path, target = self._path(job_id, token)
-        if path is None:
+        if path == LanePath.ELSEWHERE:
+            # Back to the rt queue, where the free GPU's worker has waited longer than this
+            # lane will (Redis serves blocked consumers first come, first served).
+            self._left_elsewhere.add(job_id)
+            give_back(job_id, token, self.runtime)
+        if path in (None, LanePath.ELSEWHERE):
             lanes.mark_idle(client(), self.name)
             return None
         self._make_room(job_id, path, target)
@@ -137,8 +143,26 @@ class Lane:
             running=running is not None,
             free_mib=None if identity.simulated else self.runtime.probe.free_memory_mib(),
             total_mib=identity.memory_total_mib,
+            free_elsewhere=0 if running is None or rt_job in self._left_elsewhere else self._free_gpus_elsewhere(),
         )
         return rt_lane_path(view), running[0] if running is not None else None
+
+    def _free_gpus_elsewhere(self) -> int:
+        """GPUs whose own worker is live, takes jobs (not drained) and runs none: where an RT job
+        starts without making any job pause. 0 when the broker cannot say."""
+        try:
+            beats = heartbeat.live_workers()
+        except RedisError:
+            return 0
+        mains = {
+            b["hostname"]
+            for b in beats
+            if b.get("gpu") is not None and b.get("consuming", True) and b.get("hostname") != self.main
+        }
+        if not mains:
+            return 0
+        busy = set(Job.objects.filter(state=JobState.RUNNING, worker__in=mains).values_list("worker", flat=True))
+        return len(mains - busy)
 
     def _wait_until_left(self, target: int) -> None:
         """The checkpoint path: the RT job does not fit beside the running job, which leaves at

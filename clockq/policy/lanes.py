@@ -23,6 +23,7 @@ class LanePath(StrEnum):
     FREE = "free"  # the GPU's main worker runs nothing: the RT job just runs
     PAUSE_IN_PLACE = "pause"  # the running job pauses at its next step, its state where it is
     CHECKPOINT = "checkpoint"  # the running job leaves through a checkpoint first
+    ELSEWHERE = "elsewhere"  # another GPU runs nothing: the RT job is left to it, nothing pauses
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,21 @@ class LaneView:
     running: bool  # whether the GPU's main worker runs a job
     free_mib: int | None  # the GPU's free memory as measured (NVML); None on a simulated GPU
     total_mib: int | None  # the GPU's memory (a simulated GPU's CLOCKQ_SIM_GPU_MEMORY_MIB)
+    # GPUs whose own worker is live, takes jobs and runs none; 0 once this lane has left this RT
+    # job to them already (a heartbeat outlives a dead worker: leave it once, not for ever)
+    free_elsewhere: int = 0
 
 
 def rt_lane_path(view: LaneView) -> LanePath:
-    """Pause the running job in place only when the RT job's memory surely fits beside it: the
+    """Leave the RT job to a GPU that runs nothing, where there is one. Otherwise pause the
+    running job in place only when the RT job's memory surely fits beside it: the
     measured free memory where there is a measure, else the GPU's memory less what the running
     job declared. An RT job that declares nothing needs nothing more than what is free; a
     running job that declares nothing on an unmeasured GPU leaves no room known to be free."""
     if not view.running:
         return LanePath.FREE
+    if view.free_elsewhere > 0:
+        return LanePath.ELSEWHERE  # a free GPU starts it as soon, and no job pays a pause
     need = view.rt_mem_mib or 0
     free = view.free_mib
     if free is None and view.total_mib is not None:

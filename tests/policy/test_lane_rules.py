@@ -28,6 +28,22 @@ def test_an_rt_job_pauses_the_running_job_only_where_it_surely_fits(rt_mem, runn
 
 
 @pytest.mark.parametrize(
+    ("running", "free_elsewhere", "path"),
+    [
+        (True, 1, LanePath.ELSEWHERE),  # a GPU runs nothing: it takes the RT job, nothing pauses
+        (True, 0, LanePath.PAUSE_IN_PLACE),  # every GPU busy (or left to them once already)
+        (False, 3, LanePath.FREE),  # this GPU runs nothing itself: the lane just runs it
+    ],
+)
+def test_an_rt_job_goes_to_a_gpu_that_runs_nothing_before_any_job_pauses(running, free_elsewhere, path):
+    view = LaneView(
+        rt_mem_mib=1024, running_mem_mib=1024, running=running, free_mib=None, total_mib=16384,
+        free_elsewhere=free_elsewhere,
+    )  # fmt: skip
+    assert rt_lane_path(view) == path
+
+
+@pytest.mark.parametrize(
     ("waiting", "idle", "take"),
     [
         ([1, 0, 3, 0, 0], 1, True),  # one RT job, one idle lane

@@ -155,3 +155,29 @@ def test_kill_9_of_the_paused_worker_loses_only_its_slice(start_workers, alice):
     assert not rt.slices.exclude(outcome__in=["continued", "completed"]).exists()
     assert_no_overlap(big)
     assert lanes.pause_request(client(), main) is None  # the lane gave the room back
+
+
+def test_an_rt_job_goes_to_a_gpu_that_runs_nothing_rather_than_pause_a_job(start_workers, alice):
+    # Given two GPUs with their lanes, one running a long job and the other idle
+    workers = start_workers(gpus=2, CLOCKQ_RT_LANE="on", CLOCKQ_SIM_GPU_MEMORY_MIB="16384", CLOCKQ_PAUSE_MAX_S="600")
+    names = [f"rt{i}@{settings.CLOCKQ_HOST}" for i in range(2)]
+
+    def ready():
+        workers.check_alive()
+        return all(client().zscore(lanes.IDLE_KEY, name) is not None for name in names)
+
+    wait_for(ready, 60, interval=0.1, what="both RT lanes to be ready and idle")
+    big = _submit(alice, "SP", "big", gpu_mem_mib=1024, steps=3000, step_ms=10)
+    _running(big)
+    busy = Job.objects.get(pk=big.pk).worker
+    idle_gpu = 1 - int(busy.split("@")[0].removeprefix("gpu"))
+
+    # When an RT job comes, whichever lane's message it is
+    (rt,) = wait_finished(_submit(alice, "RT", "inference", gpu_mem_mib=1024, steps=5, step_ms=5))
+
+    # Then it runs on the idle GPU, and the long job never paused nor left
+    assert rt.state == "succeeded"
+    assert rt.worker.split("@")[0] in (f"gpu{idle_gpu}", f"rt{idle_gpu}"), rt.worker
+    assert "pause" not in lanes.served() and "checkpoint" not in lanes.served()
+    big.refresh_from_db()
+    assert big.state == "running" and big.worker == busy and claims(big) == 1
