@@ -31,6 +31,11 @@ def page(browser, live_server, transactional_db):
 
 def _rows_everywhere(alice) -> None:
     """A row or more in each table, with values as long as real ones get."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from clockq.jobs.periodic import ensure_periodic_tasks
+
+    ensure_periodic_tasks(PeriodicTask, IntervalSchedule)  # an earlier test's flush may have left none
     job = submit(alice, tier="BP", name="nightly-embedding-refresh-for-the-search-index-v2")
     Job.objects.filter(pk=job.pk).update(
         last_error="RuntimeError: CUDA out of memory while allocating the optimizer state for layer 48 of 48"
