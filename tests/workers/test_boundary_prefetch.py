@@ -22,6 +22,13 @@ from workers.slice_runner import RunOutcome, run_dispatch
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def one_job_per_dispatch(monkeypatch):
+    """These tests call run_dispatch for one job and look at what it did: no hand-over to the
+    rival it yields to, and no warm job taken after it (tests/workers/test_handover.py has those)."""
+    monkeypatch.setattr("workers.slice_runner._hand_over", lambda *_args: None)
+
+
 @pytest.fixture
 def reads(monkeypatch):
     """Which thread made each boundary read, and a hook run on the reader thread after its read."""

@@ -22,6 +22,14 @@ from workers.workloads.synthetic import SyntheticWorkload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
+@pytest.fixture(autouse=True)
+def one_job_per_dispatch(monkeypatch):
+    """These tests call run_dispatch for one job and look at what it did: no hand-over to the
+    rival it yields to, and no warm job taken after it (tests/workers/test_handover.py has those)."""
+    monkeypatch.setattr("workers.slice_runner._hand_over", lambda *_args: None)
+
+
 MADE_WAY = "made way for job #"  # the RT job, "(RT, service level 0) during its restore (...)"
 DURING_RESTORE = "(RT, service level 0) during its restore"
 
