@@ -132,6 +132,9 @@ class Keeper:
                     log.warning("could not renew the name %s: %s", name, exc)
 
     def stop(self) -> None:
+        """Stop renewing and give the names up; once (a second call does nothing)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         try:
             release(self.client_factory(), self.names, self.instance)

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger("clockq.supervisor")
@@ -35,9 +36,14 @@ class Supervisor:
     MAX_BACKOFF_S = 30.0
     HEALTHY_AFTER_S = 60.0  # a child that ran this long gets its backoff reset
 
-    def __init__(self, children: list[Child], *, stop_grace_s: float = 30.0):
+    def __init__(
+        self, children: list[Child], *, stop_grace_s: float = 30.0, before_last: Callable[[], None] | None = None
+    ):
         self.children = children
         self.stop_grace_s = stop_grace_s
+        # Run once the others have stopped, before those marked `stop_last` (the broker): what
+        # still needs the broker to let go (the launcher's worker names).
+        self.before_last = before_last
         self.stopping = False
         self.failed: str | None = None
 
@@ -78,6 +84,11 @@ class Supervisor:
         """Stop the children, those marked `stop_last` after all the others."""
         self.stopping = True
         self._stop([c for c in self.children if not c.stop_last])
+        if self.before_last is not None:
+            try:
+                self.before_last()
+            except Exception:  # the broker must still be stopped
+                log.exception("stopping: the step before the last children failed")
         self._stop([c for c in self.children if c.stop_last])
 
     def _stop(self, children: list[Child]) -> None:

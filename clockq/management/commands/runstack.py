@@ -128,7 +128,9 @@ class Command(BaseCommand):
         stopped = threading.Event()
         threading.Thread(target=_say_host_is_live, args=(host, stopped), daemon=True).start()
         try:
-            code = Supervisor(children, stop_grace_s=60).run_forever()
+            # The names are given up once the workers have stopped, and before the embedded
+            # broker that holds them does.
+            code = Supervisor(children, stop_grace_s=60, before_last=keeper.stop).run_forever()
         finally:
             stopped.set()
             keeper.stop()
