@@ -378,7 +378,9 @@ def queues(request):
     except Exception:
         workers = None
     if workers is not None:
-        drained = registry.drained_names(w["hostname"] for w in workers if w.get("gpu") is not None)
+        drained = registry.drained_names(
+            w["hostname"] for w in workers if w.get("gpu") is not None or w.get("rt_lane_of")
+        )
         for worker in workers:
             worker["degraded"] = degraded.get(worker.get("hostname"))
             worker["drained"] = drained.get(worker.get("hostname"))

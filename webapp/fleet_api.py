@@ -31,6 +31,12 @@ class DrainFieldsMixin(serializers.Serializer):
     drain_reason = serializers.CharField(allow_null=True)
 
 
+class RtLaneSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="rt<N>@<host>")
+    consuming = serializers.BooleanField(allow_null=True, help_text="Takes RT jobs now; not while its GPU is drained.")
+    running_jobs = serializers.ListField(child=serializers.IntegerField(), help_text="The RT job it runs, if any.")
+
+
 class WorkerStatusSerializer(DrainFieldsMixin):
     name = serializers.CharField(help_text="gpu<N>@<host>")
     host = serializers.CharField()
@@ -41,6 +47,9 @@ class WorkerStatusSerializer(DrainFieldsMixin):
     )
     drained_with_host = serializers.BooleanField(help_text="Drained because its host is.")
     running_jobs = serializers.ListField(child=serializers.IntegerField(), help_text="Ids of the jobs running on it.")
+    rt_lane = RtLaneSerializer(
+        allow_null=True, help_text="The GPU's standby RT lane (CLOCKQ_RT_LANE), drained with it; null: none live."
+    )
 
 
 class HostStatusSerializer(DrainFieldsMixin):

@@ -16,7 +16,7 @@ from typing import Any
 from celery.worker.control import control_command
 from django.db import close_old_connections
 
-from clockq.bus import consumers
+from clockq.bus import consumers, lanes
 from clockq.bus.signals import Interrupts
 from clockq.celery import app
 from clockq.fleet import registry
@@ -32,21 +32,27 @@ def is_drained(hostname: str) -> bool:
     return registry.is_drained(hostname)
 
 
+def queues_of(hostname: str) -> tuple[str, ...]:
+    """The tier queues a GPU worker takes jobs from: all five, or only RT's for a GPU's RT lane."""
+    return QUEUES_IN_ORDER[:1] if lanes.main_of(hostname) is not None else QUEUES_IN_ORDER
+
+
 def consuming(consumer: Any) -> bool:
-    """Whether this Celery consumer takes jobs from any tier queue."""
+    """Whether this Celery consumer takes jobs from any of its tier queues."""
     task_consumer = getattr(consumer, "task_consumer", None)
-    return task_consumer is not None and any(task_consumer.consuming_from(q) for q in QUEUES_IN_ORDER)
+    return task_consumer is not None and any(task_consumer.consuming_from(q) for q in queues_of(consumer.hostname))
 
 
 def is_gpu_worker(consumer: Any) -> bool:
-    return consumer.hostname.startswith("gpu")
+    """A GPU's main worker, or its RT lane (drained with it)."""
+    return consumer.hostname.startswith(lanes.MAIN_PREFIX) or lanes.main_of(consumer.hostname) is not None
 
 
 def apply(consumer: Any, drained: bool) -> str:
-    """Stop or start consuming the tier queues, in the main process's own thread. Added back
+    """Stop or start consuming its tier queues, in the main process's own thread. Added back
     in tier order, so the strict order of the queues is kept."""
     task_consumer = consumer.task_consumer
-    for queue in QUEUES_IN_ORDER:
+    for queue in queues_of(consumer.hostname):
         if drained and task_consumer.consuming_from(queue):
             consumer.cancel_task_queue(queue)
         elif not drained and not task_consumer.consuming_from(queue):

@@ -53,7 +53,7 @@ PAUSED_POLL_S = 0.05  # how often a paused job reads its request, between the si
 
 def rt_lane_env(main: str) -> dict[str, str]:
     """The environment of the RT lane of the GPU whose main worker is `main` (gpu<N>@<host>)."""
-    return {heartbeat.RT_LANE_OF_ENV: main, LANE_NAME_ENV: "rt" + main.removeprefix("gpu")}
+    return {heartbeat.RT_LANE_OF_ENV: main, LANE_NAME_ENV: lanes.lane_name(main)}
 
 
 # --- the lane's side -------------------------------------------------------------------------

@@ -33,8 +33,24 @@ PAUSES_KEPT = 1000
 PAUSE_TTL_S = 2.0  # a lane that stops renewing its request (killed) frees its paused job this late
 IDLE_TTL_S = 15.0  # an idle mark outlives a killed lane by at most this much (the heartbeat's TTL)
 
+MAIN_PREFIX, LANE_PREFIX = "gpu", "rt"  # gpu0@host's standby RT lane is rt0@host
+
 MODE_PAUSE = "pause"  # pause in place at the next step
 MODE_CHECKPOINT = "checkpoint"  # leave through a checkpoint at the next step, and start nothing until it ends
+
+
+def lane_name(main: str) -> str:
+    """The RT lane of the GPU whose main worker is `main`: gpu0@host -> rt0@host."""
+    return LANE_PREFIX + main.removeprefix(MAIN_PREFIX)
+
+
+def main_of(name: str) -> str | None:
+    """The main worker of the GPU whose RT lane is `name` (rt0@host -> gpu0@host); None if
+    `name` names no lane."""
+    index, at, host = name.removeprefix(LANE_PREFIX).partition("@")
+    if not name.startswith(LANE_PREFIX) or not at or not index.isdigit() or not host:
+        return None
+    return f"{MAIN_PREFIX}{index}@{host}"
 
 
 @dataclass(frozen=True)

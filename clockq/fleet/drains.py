@@ -15,7 +15,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from clockq.bus import consumers, heartbeat, signals
+from clockq.bus import consumers, heartbeat, lanes, signals
 from clockq.bus.client import client
 from clockq.fleet.models import GpuWorker, Host
 from clockq.jobs import services
@@ -38,7 +38,8 @@ def drain_worker(name: str, *, actor: str, reason: str = "") -> GpuWorker:
     GpuWorker.objects.filter(name=name, drained_at__isnull=True).update(
         drained_at=timezone.now(), drained_by=actor[:150], drain_reason=reason[:MAX_REASON]
     )
-    _after_commit(lambda: _apply(worker_names=[name], running=_running_on([name]), actor=actor, what=name))
+    with_lane = [name, lanes.lane_name(name)]  # its RT lane is drained with it
+    _after_commit(lambda: _apply(worker_names=with_lane, running=_running_on(with_lane), actor=actor, what=name))
     return GpuWorker.objects.select_related("host").get(name=name)
 
 
@@ -49,7 +50,7 @@ def resume_worker(name: str, *, actor: str) -> GpuWorker:
         raise StillDrained(f"{name}'s host {worker.host.name} is drained: resume the host")
     GpuWorker.objects.filter(name=name).update(drained_at=None, drained_by="", drain_reason="")
     log.info("%s resumed by %s", name, actor)
-    _after_commit(lambda: _apply(worker_names=[name], running=[], actor=actor, what=name))
+    _after_commit(lambda: _apply(worker_names=[name, lanes.lane_name(name)], running=[], actor=actor, what=name))
     return GpuWorker.objects.select_related("host").get(name=name)
 
 
@@ -81,13 +82,15 @@ def resume_host(name: str, *, actor: str) -> Host:
 
 
 def workers_of(host: str) -> list[str]:
-    """The GPU workers of `host`: those registered, and any live one not registered."""
-    names = set(GpuWorker.objects.filter(host__name=host).values_list("name", flat=True))
+    """The GPU workers of `host` and their RT lanes: those registered, and any live one not
+    registered."""
+    registered = list(GpuWorker.objects.filter(host__name=host).values_list("name", flat=True))
+    names = {*registered, *(lanes.lane_name(n) for n in registered)}
     try:
         names |= {
             w["hostname"]
             for w in heartbeat.live_workers()
-            if w.get("gpu") is not None and str(w.get("hostname", "")).endswith(f"@{host}")
+            if (w.get("gpu") is not None or w.get("rt_lane_of")) and str(w.get("hostname", "")).endswith(f"@{host}")
         }
     except Exception as exc:  # the broker is down; the registered names are enough
         log.warning("cannot list the live workers of %s: %s", host, exc)

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from django.db import transaction
 from django.utils import timezone
 
+from clockq.bus import lanes
 from clockq.fleet.models import GpuWorker, Host
 
 SEEN_EVERY_S = 15  # how often a host's launcher says it is alive
@@ -70,18 +71,21 @@ def host_of(worker_name: str) -> str:
 
 def drained_names(worker_names: Iterable[str]) -> dict[str, str]:
     """Of these worker names, the drained ones (their own drain or their host's) -> who drained
-    them and why, in one line. Two queries, whatever the count."""
+    them and why, in one line. A GPU's RT lane is drained with its GPU. Two queries, whatever
+    the count."""
     names = list(worker_names)
+    gpu_of = {n: lanes.main_of(n) or n for n in names}
     hosts = {host_of(n) for n in names}
     drained_hosts = {
         h.name: _describe(h, "host " + h.name) for h in Host.objects.filter(name__in=hosts, drained_at__isnull=False)
     }
     drained_workers = {
-        w.name: _describe(w, w.name) for w in GpuWorker.objects.filter(name__in=names, drained_at__isnull=False)
+        w.name: _describe(w, w.name)
+        for w in GpuWorker.objects.filter(name__in=set(gpu_of.values()), drained_at__isnull=False)
     }
     found: dict[str, str] = {}
     for name in names:
-        why = drained_workers.get(name) or drained_hosts.get(host_of(name))
+        why = drained_workers.get(gpu_of[name]) or drained_hosts.get(host_of(name))
         if why is not None:
             found[name] = why
     return found

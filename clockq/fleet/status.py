@@ -7,7 +7,7 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from clockq.bus import heartbeat
+from clockq.bus import heartbeat, lanes
 from clockq.fleet.models import Drainable, GpuWorker, Host
 from clockq.fleet.registry import host_of, is_live
 from clockq.jobs.models import Job
@@ -56,7 +56,17 @@ def worker_status(
         "drained_with_host": drained_by is host,
         **_drain_fields(drained_by),
         "running_jobs": running.get(worker.name, []),
+        "rt_lane": _lane_status(worker.name, beats, running),
     }
+
+
+def _lane_status(main: str, beats: dict[str, dict] | None, running: dict[str, list[int]]) -> dict[str, Any] | None:
+    """The GPU's standby RT lane (workers/rt_lane.py), drained with it; None while none is live."""
+    name = lanes.lane_name(main)
+    beat = (beats or {}).get(name)
+    if beat is None:
+        return None
+    return {"name": name, "consuming": beat.get("consuming"), "running_jobs": running.get(name, [])}
 
 
 def host_status(host: Host, beats: dict[str, dict] | None) -> dict[str, Any]:
@@ -92,4 +102,5 @@ def one_host(name: str) -> dict[str, Any]:
 def one_worker(name: str) -> dict[str, Any]:
     """GpuWorker.DoesNotExist when the name was never registered."""
     worker = GpuWorker.objects.select_related("host").get(name=name)
-    return worker_status(worker, worker.host, live_heartbeats(), _running({"worker": name}))
+    running = _running({"worker__in": [name, lanes.lane_name(name)]})
+    return worker_status(worker, worker.host, live_heartbeats(), running)

@@ -11,6 +11,7 @@ import socket
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from clockq.bus.client import client
 from clockq.bus.heartbeat import KEY_PREFIX
@@ -117,3 +118,33 @@ def test_a_drained_host_takes_no_job_and_healthz_says_so(start_workers, alice, c
 
     (job,) = wait_finished(job, timeout=120)
     assert job.state == "succeeded" and job.failures == 0
+
+
+def test_a_gpus_rt_lane_is_drained_and_resumed_with_its_gpu_and_its_host(start_workers, alice, carol):
+    # Given a GPU with its standby RT lane
+    start_workers(gpus=1, CLOCKQ_RT_LANE="on")
+    main, lane = f"gpu0@{HOST}", f"rt0@{HOST}"
+    wait_for(_consuming(lane, True), 60, what="the RT lane to take jobs")
+    staff = _staff(carol)
+
+    # When the GPU is drained, its lane takes no RT job either; resumed, it takes them again
+    staff.post(f"/api/workers/{main}/drain", content_type="application/json")
+    wait_for(_consuming(lane, False), 30, what="the lane to stop with its GPU")
+    status = staff.get(f"/api/workers/{main}").json()
+    assert status["rt_lane"] == {"name": lane, "consuming": False, "running_jobs": []}
+    queues = {w["hostname"]: w for w in staff.get("/api/queues").json()["workers"]}
+    assert main in queues[lane]["drained"]
+    staff.post(f"/api/workers/{main}/resume")
+    wait_for(_consuming(lane, True), 30, what="the lane to take jobs again with its GPU")
+
+    # And the same with its host's drain: an RT job sent meanwhile waits for the resume
+    staff.post(f"/api/hosts/{HOST}/drain", content_type="application/json")
+    wait_for(_consuming(main, False), 30, what="gpu0 to stop taking jobs")
+    wait_for(_consuming(lane, False), 30, what="the lane to stop with its host")
+    rt = submit(alice, "RT", "urgent", steps=5, step_ms=5)
+    resumed_at = timezone.now()
+    staff.post(f"/api/hosts/{HOST}/resume")
+    wait_for(_consuming(lane, True), 30, what="the lane to take jobs again with its host")
+    (rt,) = wait_finished(rt, timeout=60)
+    assert rt.state == "succeeded"
+    assert rt.slices.order_by("started_at").first().started_at >= resumed_at
