@@ -250,7 +250,12 @@ def start_gpu_worker(index: int, count: int, env: dict[str, str], work: Path, ti
     client = redis.Redis.from_url(env["REDIS_URL"])
     client.delete(KEY_PREFIX + hostname)  # a key left by an earlier worker of that name would look ready
     worker = Service(
-        f"GPU worker {index}", argv, {**env, **gpu_worker_env(gpu)}, ROOT, work / f"gpu{index}-worker.log"
+        f"GPU worker {index}",
+        argv,
+        # Alone on its GPU unless the bench starts its RT lane too and says so (bench/rt_latency.py).
+        {"CLOCKQ_RT_LANE": "off", **env, **gpu_worker_env(gpu)},
+        ROOT,
+        work / f"gpu{index}-worker.log",
     ).start()
 
     def ready() -> bool:

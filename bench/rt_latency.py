@@ -4,7 +4,7 @@ each against idle GPUs and against the smallest size, in one run.
 Usage (from the repository root):
 
     .venv/bin/python bench/rt_latency.py [--gpus 2] [--rt-jobs 100] [--busy-tier SP] [--busy-slice-ms 500]
-                                         [--busy-state-mb 1 64 256] [--rt-lane]
+                                         [--busy-state-mb 1 64 256] [--no-rt-lane]
 
 Everything runs privately and is stopped and deleted at the end: a redis-server on a free port,
 a fresh SQLite file, temporary checkpoint and var directories, and one GPU worker per simulated
@@ -56,8 +56,9 @@ JobEvent and Slice timestamps of the busy job P that made way:
     hop+claim  COMMIT, publish of P's requeue message, task return and ack, BRPOP of the RT
                message, hand-off to the pool child, DB connection, claim read -> first_started_at
 
-With `--rt-lane`, each GPU also has its standby RT lane (CLOCKQ_RT_LANE=on, workers/rt_lane.py),
-started as `gpuworkers` starts it: an RT job then runs in a lane while the busy job pauses in
+By default each GPU also has its standby RT lane (CLOCKQ_RT_LANE=on, workers/rt_lane.py),
+started as `gpuworkers` starts it; `--no-rt-lane` measures RT through the checkpoint path
+alone. With lanes, an RT job runs in a lane while the busy job pauses in
 place (the synthetic jobs declare no GPU memory, and the RT jobs need none, so they fit), and the
 report gives, per phase, the share of RT jobs served by pausing in place.
 
@@ -119,7 +120,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="seed of the random gaps")
     p.add_argument("--tmp-dir", type=Path, default=None, help="where the temporary directory goes")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, database)")
-    p.add_argument("--rt-lane", action="store_true", help="a standby RT lane per GPU (CLOCKQ_RT_LANE=on)")
+    p.add_argument(
+        "--rt-lane",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a standby RT lane per GPU (CLOCKQ_RT_LANE, on by default); --no-rt-lane: RT through the checkpoint path",
+    )
     args = p.parse_args(argv)
     if (
         args.gpus < 1
@@ -174,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             rt_timeout_ms = QueueTier.objects.get(code="RT").start_timeout_ms
             QueueTier.objects.filter(code="RT").update(start_timeout_ms=None)
             owner = get_user_model().objects.create_user("rt-latency-bench")
-            if args.rt_lane:
-                stack.env["CLOCKQ_RT_LANE"] = "on"
+            stack.env["CLOCKQ_RT_LANE"] = "on" if args.rt_lane else "off"
             for index in range(args.gpus):
                 stack.services.append(start_gpu_worker(index, args.gpus, stack.env, stack.work))
             workers = stack.services[1:]

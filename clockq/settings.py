@@ -369,7 +369,7 @@ CLOCKQ_MAX_RETRIES = env_int("CLOCKQ_MAX_RETRIES", 3, min_value=0, max_value=100
 CLOCKQ_CHECKPOINT_EVERY_S = env_float("CLOCKQ_CHECKPOINT_EVERY_S", 60.0, min_value=0.0, max_value=86400.0)
 # A queued job whose message has been missing from the broker this long is dispatched again.
 CLOCKQ_REDISPATCH_GRACE_S = env_float("CLOCKQ_REDISPATCH_GRACE_S", 10.0, min_value=0.0, max_value=3600.0)
-CLOCKQ_RT_LANE = env_choice("CLOCKQ_RT_LANE", "off", ("on", "off")) == "on"  # workers/rt_lane.py
+CLOCKQ_RT_LANE = env_choice("CLOCKQ_RT_LANE", "on", ("on", "off")) == "on"  # workers/rt_lane.py
 CLOCKQ_PAUSE_MAX_S = env_float("CLOCKQ_PAUSE_MAX_S", 2.0, min_value=0.05, max_value=3600.0)  # then a checkpoint
 # A running job's lease: renewed every quarter of it by its worker; past it, the reaper takes
 # the job back. It must outlast a stalled database write, not a step: renewal runs in a thread.

@@ -150,6 +150,9 @@ def start_workers(transactional_db, redis_server, settings, tmp_path):
                 "CLOCKQ_COMMAND_SANDBOX": settings.CLOCKQ_COMMAND_SANDBOX,
                 "CLOCKQ_LOG_LEVEL": "INFO",
                 "CLOCKQ_SERVICE_LADDER_S": ",".join(repr(r) for r in settings.CLOCKQ_SERVICE_LADDER_S),
+                # A GPU's main worker alone, as these tests mean it (RT through the checkpoint
+                # path); the tests of RT lanes ask for them, and the stack's tests get the default.
+                "CLOCKQ_RT_LANE": "off",
                 **env,
             },
             gpus=gpus,

@@ -114,6 +114,7 @@ class SliceInline(admin.TabularInline):
         "checkpoint_bytes",
         "checkpoint_ms",
         "restore_ms",
+        "paused_ms",
     ]
     readonly_fields = fields
     max_num = 0  # no adding from the admin

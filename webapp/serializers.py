@@ -32,6 +32,7 @@ class SliceSerializer(serializers.ModelSerializer):
             "checkpoint_bytes",
             "checkpoint_ms",
             "restore_ms",
+            "paused_ms",
             "gpu_util",
             "plan_reason",
         ]

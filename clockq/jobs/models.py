@@ -257,6 +257,9 @@ class Slice(models.Model):
     checkpoint_bytes = models.PositiveBigIntegerField(default=0)
     checkpoint_ms = models.FloatField(default=0.0)
     restore_ms = models.FloatField(default=0.0)
+    paused_ms = models.FloatField(
+        default=0.0, help_text="Paused in place for RT jobs in its GPU's RT lane: neither service nor a switch."
+    )
     gpu_util = models.FloatField(null=True, blank=True, help_text="Mean GPU utilisation over the slice.")
     plan_reason = models.CharField(max_length=10, blank=True, default="", help_text="formula, floor or overhead")
     last_step = models.BigIntegerField(null=True, blank=True, help_text="The job's newest metric step at the end.")

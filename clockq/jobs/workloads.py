@@ -42,6 +42,9 @@ SPECS: dict[str, WorkloadSpec] = {
                 "step_ms": Float(0.0, 60_000.0, default=10.0, help="simulated GPU time per step"),
                 "state_kb": Int(0, 1_048_576, default=64, help="checkpoint payload size"),
                 "gpu_util": Float(0.0, 1.0, default=0.9, help="utilisation reported on simulated GPUs"),
+                "setup_ms": Float(
+                    0.0, 600_000.0, default=0.0, help="simulated setup at each start (a model build, a data load)"
+                ),
                 # Fault injection for tests and demos: raise at this step, this many times in all.
                 "fail_at_step": Int(-1, 10_000_000, default=-1),
                 "fail_times": Int(0, 1_000_000, default=0),

@@ -272,3 +272,15 @@ def test_dates_params_and_durations_read_one_way_on_the_job_pages(client, alice)
     assert re.search(
         r'<td><time datetime="[^"]+" data-precision="s" title="UTC">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d</time>', listing
     )
+
+
+def test_a_slice_paused_for_an_rt_job_says_so_beside_its_service(client, alice):
+    job = submit(alice, name="paused")
+    add_slices(job, 2)
+    Slice.objects.filter(job=job, outcome="continued").update(paused_ms=12.4)
+    client.force_login(alice)
+
+    page, _ = render(client, job)
+
+    rows = re.findall(r"<table class=\"slices\">(.*?)</table>", page, re.S)[0].split("<tr><td>")[1:]
+    assert "paused" not in rows[0] and "(paused 12 ms for RT)" in rows[1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from datetime import timedelta
 
 import pytest
 from django.conf import settings
@@ -80,8 +81,29 @@ def test_an_rt_job_that_fits_runs_in_the_lane_while_the_big_job_pauses_in_place(
     assert big.checkpoint_generation == 0 and not big.checkpoint_files
     assert not big.slices.exclude(outcome__in=["continued", "completed"]).exists()
     assert claims(big) == 1
+    # The pause is on its slice, apart from its service
+    assert sum(big.slices.values_list("paused_ms", flat=True)) == pytest.approx(pause["paused_ms"])
     # Its state resumed bitwise as it was: every step once, the device memory untouched
     assert _state_bin(big) == _HEADER.pack(300, STATE_KB * 1024) + _payload(big.pk, STATE_KB * 1024)
+
+
+def test_an_rt_job_runs_in_the_lane_while_the_running_job_is_still_setting_up(start_workers, alice):
+    # A job's setup (a model build, a data load) cannot be cut short; without a lane an RT job
+    # would wait for it, past RT's start timeout.
+    _workers, lane = _start(start_workers, CLOCKQ_PAUSE_MAX_S="600")
+    slow = _submit(alice, "SP", "slow-setup", gpu_mem_mib=1024, steps=5, step_ms=1, setup_ms=10_000)
+    wait_for(lambda: Job.objects.get(pk=slow.pk).state == "running", 30, what="the slow job's claim")
+
+    rt = _submit(alice, "RT", "inference", gpu_mem_mib=1024, steps=2, step_ms=1)
+    (rt,) = wait_finished(rt)
+    (slow,) = wait_finished(slow)
+
+    assert rt.state == slow.state == "succeeded"
+    assert rt.worker == lane and lanes.served() == {"pause": 1}
+    # The RT job ended before the slow job's setup did; the slow job never left its GPU
+    (first, *_) = slow.slices.order_by("started_at")
+    assert rt.finished_at < first.started_at + timedelta(milliseconds=first.restore_ms)
+    assert claims(slow) == 1 and not slow.slices.filter(outcome="yielded").exists()
 
 
 def test_an_rt_job_that_does_not_fit_beside_the_running_job_takes_the_checkpoint_path(start_workers, alice):

@@ -162,6 +162,7 @@ class SliceWrites:
                 "checkpoint_bytes": record.checkpoint_bytes,
                 "checkpoint_ms": record.checkpoint_ms,
                 "restore_ms": record.restore_ms,
+                "paused_ms": record.paused_ms,
                 "gpu_util": record.gpu_util,
                 "last_step": self.metrics.last_step,
                 "preempted": record.preempted,

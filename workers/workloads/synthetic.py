@@ -16,6 +16,9 @@ class SyntheticWorkload(Workload):
     name = "synthetic"
 
     def setup(self, ctx: RunContext) -> None:
+        # A framework's setup at each start (imports, a model build, a data load): it cannot be
+        # cut short, so an RT job that comes meanwhile runs in the GPU's RT lane, not after it.
+        time.sleep(self.params.get("setup_ms", 0.0) / 1000.0)
         self.done = 0
         # Its "device memory": mutable, so a snapshot has to copy it, as from a real GPU.
         self.payload = bytearray(_payload(ctx.job_id, self.params["state_kb"] * 1024))
