@@ -4,7 +4,7 @@ each against idle GPUs and against the smallest size, in one run.
 Usage (from the repository root):
 
     .venv/bin/python bench/rt_latency.py [--gpus 2] [--rt-jobs 100] [--busy-tier SP] [--busy-slice-ms 500]
-                                         [--busy-state-mb 1 64 256] [--no-rt-lane]
+                                         [--busy-state-mb 1 64 256 1024] [--no-rt-lane]
 
 Everything runs privately and is stopped and deleted at the end: a redis-server on a free port,
 a fresh SQLite file, temporary checkpoint and var directories, and one GPU worker per simulated
@@ -109,7 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--busy-state-mb",
         type=int,
         nargs="+",
-        default=[1, 64, 256],
+        default=[1, 64, 256, 1024],
         metavar="MB",
         help="checkpoint state of each busy job, in MiB: one busy phase per size, in this order",
     )
