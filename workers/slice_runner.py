@@ -167,7 +167,8 @@ class JobRun:
                 done = self.finish_pending or self.steps.run_slice(workload, record)
                 outcome = self._at_boundary(workload, record, done)
                 if outcome is not None:
-                    keep_warm = outcome == RunOutcome.YIELDED
+                    # Not kept warm where it left to give an RT job its memory: the warm copy would keep it.
+                    keep_warm = outcome == RunOutcome.YIELDED and not self.boundary.left_for_lane
                     return outcome
                 record = self.steps.plan()
         except LostOwnership as exc:

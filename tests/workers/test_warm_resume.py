@@ -133,3 +133,27 @@ def test_a_yielded_jobs_checkpoint_is_written_once_the_next_job_has_started(alic
     wait_for(lambda: here.persister.pending(job.pk, name) is None, 10)  # the next job started: written
     assert not switch_done.timed_out.is_set()
     assert store.read(job.pk, name)
+
+
+@override_settings(CLOCKQ_OVERHEAD_BUDGET=0, CLOCKQ_RT_LANE=True)
+def test_a_job_that_leaves_to_give_an_rt_job_its_memory_is_not_kept_warm(alice, monkeypatch):
+    """The lane's checkpoint path (workers/rt_lane.py): the RT job does not fit beside the job,
+    so the job leaves; a warm copy would keep the GPU memory the RT job needs."""
+    from clockq.bus import lanes
+    from clockq.bus.client import client
+
+    monkeypatch.setattr("workers.slice_runner._hand_over", lambda *_args: None)
+    job = submit(alice, "SP", "big", steps=400, step_ms=1, state_kb=64)
+    rt = submit(alice, "RT", "does-not-fit", steps=1)
+    Job.objects.filter(pk=rt.pk).update(state="running", worker="rt0@test")  # the lane took it
+    here = Runtime(WorkerIdentity("gpu0@test", 0))
+    request = lanes.PauseRequest(rt_job=rt.pk, lane="rt0@test", mode=lanes.MODE_CHECKPOINT, target=job.pk)
+    monkeypatch.setattr(lanes, "PAUSE_TTL_S", 600.0)  # no lane here to renew it
+    lanes.request_pause(client(), "gpu0@test", request)
+
+    assert run_dispatch(job.pk, job.dispatch_token, here) == RunOutcome.YIELDED
+
+    job = Job.objects.get(pk=job.pk)
+    assert job.state == "queued" and job.checkpoint_generation == 1
+    assert job.events.filter(reason__contains=f"RT job #{rt.pk} in this GPU's RT lane").exists()
+    assert job.pk not in here.warm

@@ -67,14 +67,14 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     first = make(tmp_path / "b", **params)
     assert run(first, 8) == straight_losses[:8]
     state = first.state_dict()
-    first.close()
+    weights, moments = first.model.get_weights(), [v.numpy() for v in first.optimizer.variables]
 
     resumed = make(tmp_path / "c", **params)
     resumed.load_state_dict(state)
-    for got, want in zip(resumed.model.get_weights(), first.model.get_weights(), strict=True):
+    for got, want in zip(resumed.model.get_weights(), weights, strict=True):
         np.testing.assert_array_equal(got, want)
-    for got, want in zip(resumed.optimizer.variables, first.optimizer.variables, strict=True):
-        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    for got, want in zip(resumed.optimizer.variables, moments, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want)
     assert int(resumed.optimizer.iterations.numpy()) == 8
     assert resumed.done == 8
 
@@ -84,6 +84,8 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
 
     # A periodic checkpoint: state_dict() leaves the workload able to carry on.
     assert run(first, 4) == straight_losses[8:]
+    first.close()
+    assert first.model is None and first.optimizer is None  # its tensors go back to the pool
 
 
 def test_state_from_other_params_is_rejected(tmp_path):

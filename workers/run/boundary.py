@@ -97,6 +97,7 @@ class SliceBoundary:
         # The waiting job the last decision left the GPU to, for the order: what a hand-over takes.
         self.made_way_to: order.Waiting | None = None
         self.lane_leave: str | None = None  # an RT job in the GPU's lane this job leaves for (`make_way_for_lane`)
+        self.left_for_lane = False  # and it did, in this run: its GPU memory is the RT job's
         # A GPU's RT lane runs RT jobs only, beside the GPU's own job: no job of the order takes
         # its place (and RT never displaces RT), so its jobs make way for no one.
         self.in_lane = runtime.identity.lane_of is not None
@@ -141,6 +142,7 @@ class SliceBoundary:
         """The slice ended at a step because an RT job in this GPU's lane needs the room
         (workers/rt_lane.py): the boundary makes way for it through the checkpoint path."""
         self.lane_leave = why
+        self.left_for_lane = True
 
     def decide(self, done: bool, cut_short: bool, used_ms: float) -> Decision:
         """The policy's decision at this boundary, after a slice that ran `used_ms`.

@@ -17,6 +17,7 @@ a web process) stays cheap. This is the only workload that imports them.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 import os
@@ -183,6 +184,14 @@ class KerasTrainWorkload(Workload):
     def metrics(self) -> list[tuple[int, str, float]]:
         # The training loss of the batch just trained, at its step (1-based).
         return [(self.done, "loss", self.last_loss)] if self.reported and self.last_loss is not None else []
+
+    def close(self) -> None:
+        """Drop the model, its optimizer and its data, so that their tensors go back to the
+        framework's memory pool for the worker's next job. (TensorFlow keeps that pool: its
+        memory leaves the GPU only with the process.) Not keras.backend.clear_session(): other
+        jobs kept warm in this process share Keras's global state."""
+        self.model = self.optimizer = self.data = None
+        gc.collect()
 
     def state_dict(self) -> bytes:
         arrays: dict[str, Any] = {
