@@ -12,9 +12,11 @@ pinned to the GPU (`CLOCKQ_GPUS=<gpu>`, so `CUDA_VISIBLE_DEVICES=<gpu>`). Then:
    share the GPU in time slices, and a few RT jobs while they run;
 3. it prints, per slice, the GPU utilisation NVML measured, the planned length and why, the
    checkpoint and restore times, and each job's measured switch cost; and the RT jobs' waits.
+4. it measures RT behind a 200 MB Keras job two ways: paused in place in the GPU's RT lane, and
+   through the checkpoint path (the workers restarted with CLOCKQ_RT_LANE=off).
 
 It passes when NVML reads the GPU without error, both training jobs succeed after yielding to
-each other, their slices carry measured utilisation, and every RT job ran. Keras uses the
+each other, their slices carry measured utilisation, and every RT job ran, both ways. Keras uses the
 backend in KERAS_BACKEND (TensorFlow unless set). `--simulated` runs the same script on a
 simulated GPU, to check the script itself. Without a GPU it says so and exits 2.
 """
@@ -46,6 +48,11 @@ TRAINING_SIMULATED = {
     "keras-large": {"steps": 60, "batch_size": 256, "hidden": 256, "seed": 2},
 }
 RT_JOBS = 3
+# RT behind one large Keras job, two ways (`rt_behind_keras`). hidden 4096: about 202 MB of
+# state (two 4096-wide layers' weights and Adam's two moments), as in the earlier H200 check.
+KERAS_200MB = {"steps": 1_000_000, "batch_size": 1024, "hidden": 4096, "seed": 3}
+KERAS_200MB_SIMULATED = {**KERAS_200MB, "batch_size": 64, "hidden": 512}
+RT_BEHIND = 5  # RT jobs each way, one at a time
 
 
 def main() -> int:
@@ -79,8 +86,9 @@ def main() -> int:
         stack.services.append(workers.start())
         try:
             jobs_ok = run_jobs(args, workers, time.monotonic() - started)
+            jobs_ok &= rt_behind_keras(args, stack, workers)
         except TimeoutError as exc:
-            print(f"== {exc}\n-- last lines of the worker log:\n{workers.tail(40)}")
+            print(f"== {exc}\n-- last lines of the worker log:\n{stack.services[-1].tail(40)}")
             jobs_ok = False
     ok = probe_ok and jobs_ok
     print(f"== GPU check {'passed' if ok else 'FAILED'} in {time.monotonic() - started:.0f} s")
@@ -170,6 +178,72 @@ def run_jobs(args, workers: Service, setup_s: float) -> bool:
         wait_ms = (job.first_started_at - job.submitted_at).total_seconds() * 1000 if job.first_started_at else None
         print(f"== RT job {job.name}: {job.state}, submitted to claimed {wait_ms:.1f} ms")
         ok &= job.state == "succeeded"
+    return ok
+
+
+def rt_behind_keras(args, stack, workers: Service) -> bool:
+    """RT behind a 200 MB Keras job, paused in place in the GPU's RT lane (gpuworkers as
+    started: lanes on), then through the checkpoint path (gpuworkers restarted with
+    CLOCKQ_RT_LANE=off). Each RT job declares 256 MiB, which fits beside the Keras job."""
+    from django.contrib.auth.models import User
+
+    from clockq.bus import lanes
+    from clockq.bus.client import client
+    from clockq.bus.heartbeat import KEY_PREFIX
+    from clockq.jobs import services, workloads
+    from clockq.jobs.models import Job
+
+    host = socket.gethostname()
+    main, lane = f"gpu{args.gpu}@{host}", f"rt{args.gpu}@{host}"
+    owner = User.objects.get(username="gpu-check")
+    params = KERAS_200MB_SIMULATED if args.simulated else KERAS_200MB
+
+    def submit(name: str, tier: str, workload: str, params: dict, mib: int) -> Job:
+        cleaned = workloads.validate(workload, params, may_run_commands=True)
+        return services.submit_job(
+            owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned, gpu_mem_mib=mib
+        )
+
+    def state(job: Job) -> str:
+        workers.check_alive()
+        return Job.objects.values_list("state", flat=True).get(pk=job.pk)
+
+    ok = True
+    for way in ("paused in place", "checkpoint path"):
+        if way == "checkpoint path":
+            workers.stop()
+            env = {**stack.env, "CLOCKQ_RT_LANE": "off"}
+            workers = Service("gpuworkers", workers.argv, env, ROOT, stack.work / "workers-no-lane.log").start()
+            stack.services.append(workers)
+            client().delete(KEY_PREFIX + main)
+            wait_for(lambda: bool(client().exists(KEY_PREFIX + main)), 90, f"worker {main} without its lane")
+        else:
+            wait_for(lambda: client().zscore(lanes.IDLE_KEY, lane) is not None, 90, f"RT lane {lane}")
+        served = lanes.served()
+        big = submit("keras-200mb", "SP", "keras_train", params, 2048)
+        wait_for(lambda job=big: Job.objects.get(pk=job.pk).progress > 0, 180, "the 200 MB Keras job to take steps")
+        waits, states = [], []
+        for i in range(RT_BEHIND):
+            wait_for(lambda job=big: state(job) == "running", 120, "the Keras job to run again")
+            time.sleep(0.5)  # into its steps, past its claim
+            rt = submit(f"rt-behind-{i}", "RT", "synthetic", {"steps": 2, "step_ms": 1.0, "state_kb": 0}, 256)
+            wait_for(lambda job=rt: state(job) not in ("queued", "running", "held"), 60, f"RT job {i}", interval=0.01)
+            rt.refresh_from_db()
+            states.append(rt.state)
+            if rt.first_started_at:
+                waits.append((rt.first_started_at - rt.submitted_at).total_seconds() * 1000)
+        big.refresh_from_db()
+        services.cancel_job(big, "gpu-check")
+        hidden = params["hidden"]
+        state_mb = 12 * (hidden * hidden + 19 * hidden + 1) / 2**20  # weights and two moments, float32
+        after = lanes.served()
+        paths = {k: after.get(k, 0) - served.get(k, 0) for k in after if after.get(k, 0) != served.get(k, 0)}
+        print(
+            f"== RT behind a {state_mb:.0f} MB Keras job ({way}): {states.count('succeeded')}/{RT_BEHIND} "
+            f"succeeded; wait p50 {statistics.median(waits) if waits else float('nan'):.1f} ms, "
+            f"max {max(waits, default=float('nan')):.1f} ms; lanes served {paths or 'none'}"
+        )
+        ok &= states == ["succeeded"] * RT_BEHIND
     return ok
 
 
