@@ -97,6 +97,13 @@ class SwitchTimes:
             ms(self.compute_start - self.b_started),
         )
 
+    def handover_intervals(self) -> list[tuple[str, float, float]]:
+        """The phases of a hand-over (no Celery hop, so no task events): A's decision and
+        snapshot, its records, then from A's slice written to B's claim (COMMIT, the order's
+        read, B's CAS), B's start, and B's restore."""
+        marks = (self.compute_end, self.yielded_at, self.a_ended, self.claimed_at, self.b_started, self.compute_start)
+        return list(zip(HANDOVER_PHASES, marks, marks[1:], strict=False))
+
     def intervals(self) -> list[tuple[str, float, float]]:
         """Consecutive phase intervals, with decide and checkpoint as one."""
         assert self.a_succeeded is not None and self.b_received is not None
@@ -262,6 +269,7 @@ def _pooled(measured: list[Measured]) -> Measured:
 
 
 PROBE_KINDS = ("sql", "commit", "connect", "close", "redis")
+HANDOVER_PHASES = ("decide+checkpoint", "record", "hand over", "start", "restore")
 
 
 def report_probe(probed: Probed) -> None:
@@ -271,12 +279,15 @@ def report_probe(probed: Probed) -> None:
     timed calls: Python, Django, Celery and logging work, file I/O, and waiting for the CPU."""
     starts = [r[1] for r in probed.records]
     switches = [s for s in probed.switches if s.a_succeeded is not None and s.b_received is not None]
+    handovers = not switches  # the same worker took B at once: no Celery hop, no task events
+    if handovers:
+        switches = list(probed.switches)
     if not switches or not starts:
-        print("probe: no switches with Celery events and probe records")
+        print("probe: no switches with probe records")
         return
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for switch in switches:
-        for name, lo, hi in switch.intervals():
+        for name, lo, hi in switch.handover_intervals() if handovers else switch.intervals():
             row_sums = sums[name]
             row_sums["span"] += ms(hi - lo)
             for kind, start, duration in probed.records[
@@ -303,7 +314,9 @@ def report_probe(probed: Probed) -> None:
     )
     print(f"{'mean ms per switch':<20}{'span':>7}{'sql':>7}{'(n)':>5}{'commit':>8}{'connect':>8}{'close':>7}", end="")
     print(f"{'redis':>7}{'(n)':>5}{'other':>7}")
-    for name in ("decide+checkpoint", *CLOCKQ_PHASES[2:], "whole switch"):
+    for name in (
+        (*HANDOVER_PHASES, "whole switch") if handovers else ("decide+checkpoint", *CLOCKQ_PHASES[2:], "whole switch")
+    ):
         r = {key: value / n for key, value in sums[name].items()}
         r = defaultdict(float, r)
         other = r["span"] - sum(r[kind] for kind in PROBE_KINDS)
@@ -311,11 +324,14 @@ def report_probe(probed: Probed) -> None:
             f"{name:<20}{r['span']:>7.2f}{r['sql']:>7.2f}{r['n sql']:>5.1f}{r['commit']:>8.2f}{r['connect']:>8.2f}"
             f"{r['close']:>7.2f}{r['redis']:>7.2f}{r['n redis']:>5.1f}{other:>7.2f}"
         )
-    print(
-        f"  (commit: {total['after body'] / n:.2f} ms of it after the task body returned: result to the pool's "
-        f"parent, ack; claim: {total['to child'] / n:.2f} ms of it before the task body started: message to the "
-        f"pool child, trace setup)"
-    )
+    if handovers:
+        print("  (hand-overs: 'hand over' runs from A's slice record to B's claim: COMMIT, the order's read, B's CAS)")
+    else:
+        print(
+            f"  (commit: {total['after body'] / n:.2f} ms of it after the task body returned: result to the pool's "
+            f"parent, ack; claim: {total['to child'] / n:.2f} ms of it before the task body started: message to the "
+            f"pool child, trace setup)"
+        )
     report_probe_functions(probed, switches, starts)
 
 
