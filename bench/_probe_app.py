@@ -51,6 +51,10 @@ FUNCTIONS = (
     ("workers.run.claim", "_queued_row"),
     ("workers.run.claim", "_claim_row"),
     ("workers.warm_cache", "WarmCache.take"),
+    # The boundary's read: ahead, on the reader thread, or afresh on the GPU's path.
+    ("workers.run.boundary", "SliceBoundary._prefetch_boundary"),
+    ("workers.run.boundary", "SliceBoundary._read_boundary"),
+    ("workers.run.boundary", "SliceBoundary._prefetched"),
     ("workers.run.claim", "transition"),
     ("workers.slice_runner", "JobRun.__init__"),
     ("workers.run.restore", "Restore.workload"),
