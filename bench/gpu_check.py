@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _harness import Service, private_clockq, wait_for  # noqa: E402
+from _harness import Service, private_clockq, turn_ladder, wait_for  # noqa: E402
 
 TRAINING = {
     # A model small enough that the GPU mostly waits on Python, and one that keeps it busy.
@@ -80,6 +80,11 @@ def main() -> int:
             return 2
         probe_ok = read_gpu_once(args)
 
+        # Jobs of one class never displace one another (clockq/policy/ordering.py): a ladder with
+        # a rung every 0.9 SP slice makes the two training jobs take turns, as in the benches.
+        from clockq.jobs.models import QueueTier
+
+        stack.setenv(CLOCKQ_SERVICE_LADDER_S=turn_ladder(QueueTier.objects.get(code="SP").base_slice_ms, 2000))
         workers = Service(
             "gpuworkers", [sys.executable, "manage.py", "gpuworkers"], stack.env, ROOT, stack.work / "workers.log"
         )
@@ -126,7 +131,7 @@ def run_jobs(args, workers: Service, setup_s: float) -> bool:
 
     wait_for(worker_up, 90, f"worker {hostname}")
     print(f"== worker {hostname} is up (setup took {setup_s:.0f} s); Keras backend {keras_backend()}")
-    owner = User.objects.create(username="gpu-check", may_run_commands=True)
+    owner = User.objects.create(username="gpu-check")
 
     def submit(name: str, tier: str, workload: str, params: dict) -> int:
         cleaned = workloads.validate(workload, params, may_run_commands=True)
