@@ -269,7 +269,8 @@ def a_drained_host_hands_its_jobs_on(cluster: Cluster, host: Host, wave: list[in
     assert {job for (job,) in elsewhere} == set(moved)
     workers = {w["hostname"]: w for w in cluster.api("GET", "/api/queues")["workers"]}
     drained = {name for name, w in workers.items() if w.get("drained")}
-    assert drained == {f"gpu0@{host.name}", f"gpu1@{host.name}"}, workers
+    # Each GPU's RT lane (on by default) is drained with it
+    assert drained == {f"{w}{gpu}@{host.name}" for w in ("gpu", "rt") for gpu in (0, 1)}, workers
 
 
 def jobs_on_one_host(cluster: Cluster, host: Host, others: list[Host]) -> list[int]:
