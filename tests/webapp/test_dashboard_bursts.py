@@ -138,11 +138,14 @@ def test_a_full_hour_of_samples_is_one_bounded_answer_and_a_sample_three_queries
     answered = timezone.now().timestamp()
 
     # Then it holds an hour of samples (about 720: the hour ends when the answer is made, and
-    # writing the ring took a while on a loaded machine), in a bounded answer
+    # writing the ring took a while on a loaded machine), in a bounded answer. A sample's slot
+    # is its time floored to the step, and a slot is in the hour if it starts in it: every
+    # sample taken a step or more after the hour's start is there, so at most the two of the
+    # 10 s around that start that the count below takes in may be missing.
     def within_the_hour_to(end: float) -> int:
         return sum(end - 3600 - queue_samples.STEP_S <= at for at in written)
 
-    assert within_the_hour_to(answered) - 1 <= len(response.json()["fine"]["t"]) <= within_the_hour_to(asked) + 1
+    assert within_the_hour_to(answered) - 2 <= len(response.json()["fine"]["t"]) <= within_the_hour_to(asked) + 1
     assert len(response.json()["fine"]["t"]) >= 700
     assert len(response.content) < 160_000
 
