@@ -325,8 +325,9 @@ class SliceBoundary:
     def _prefetched(self) -> BoundaryRead | None:
         """The read made during the last step, once it is done (waited for at most
         PREFETCH_WAIT_S), if nothing happened since that it could have missed: an urgent job or
-        an operator's change signals the worker, and then the boundary reads afresh. (A job of another tier queued during those last steps waits for the
-        next boundary, as if it had come a little later.)"""
+        an operator's change signals the worker, and then the boundary reads afresh. (A job of
+        another tier queued during those last steps waits for the next boundary, as if it had
+        come a little later.)"""
         prefetch, self.prefetch = self.prefetch, None
         if prefetch is None:
             return None
