@@ -378,9 +378,7 @@ def queues(request):
     except Exception:
         workers = None
     if workers is not None:
-        drained = registry.drained_names(
-            w["hostname"] for w in workers if w.get("gpu") is not None or w.get("rt_lane_of")
-        )
+        drained = registry.drained_names(w["hostname"] for w in workers if heartbeat.on_a_gpu(w))
         for worker in workers:
             worker["degraded"] = degraded.get(worker.get("hostname"))
             worker["drained"] = drained.get(worker.get("hostname"))

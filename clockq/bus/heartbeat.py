@@ -88,6 +88,11 @@ def consumes(worker: Any, queue: str) -> bool:
     return queue in worker.app.amqp.queues.consume_from
 
 
+def on_a_gpu(beat: dict[str, Any]) -> bool:
+    """Whether a heartbeat is a GPU's main worker's or its RT lane's: what a drain applies to."""
+    return beat.get("gpu") is not None or bool(beat.get("rt_lane_of"))
+
+
 def live_workers() -> list[dict[str, Any]]:
     r = client()
     keys = sorted(r.scan_iter(match=KEY_PREFIX + "*", count=500))

@@ -90,7 +90,7 @@ def workers_of(host: str) -> list[str]:
         names |= {
             w["hostname"]
             for w in heartbeat.live_workers()
-            if (w.get("gpu") is not None or w.get("rt_lane_of")) and str(w.get("hostname", "")).endswith(f"@{host}")
+            if heartbeat.on_a_gpu(w) and str(w.get("hostname", "")).endswith(f"@{host}")
         }
     except Exception as exc:  # the broker is down; the registered names are enough
         log.warning("cannot list the live workers of %s: %s", host, exc)
