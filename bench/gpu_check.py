@@ -48,6 +48,7 @@ TRAINING_SIMULATED = {
     "keras-large": {"steps": 60, "batch_size": 256, "hidden": 256, "seed": 2},
 }
 RT_JOBS = 3
+RT_PARAMS = {"steps": 2, "step_ms": 1.0, "state_kb": 0}  # an RT inference: two 1 ms steps
 # RT behind one large Keras job, two ways (`rt_behind_keras`). hidden 4096: about 202 MB of
 # state (two 4096-wide layers' weights and Adam's two moments), as in the earlier H200 check.
 KERAS_200MB = {"steps": 1_000_000, "batch_size": 1024, "hidden": 4096, "seed": 3}
@@ -120,7 +121,6 @@ def run_jobs(args, workers: Service, setup_s: float) -> bool:
     from clockq.bus import gpu_samples
     from clockq.bus.client import client
     from clockq.bus.heartbeat import KEY_PREFIX
-    from clockq.jobs import services, workloads
     from clockq.jobs.models import Job, Slice
 
     hostname = f"gpu{args.gpu}@{socket.gethostname()}"
@@ -132,17 +132,11 @@ def run_jobs(args, workers: Service, setup_s: float) -> bool:
     wait_for(worker_up, 90, f"worker {hostname}")
     print(f"== worker {hostname} is up (setup took {setup_s:.0f} s); Keras backend {keras_backend()}")
     owner = User.objects.create(username="gpu-check")
-
-    def submit(name: str, tier: str, workload: str, params: dict) -> int:
-        cleaned = workloads.validate(workload, params, may_run_commands=True)
-        return services.submit_job(owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned).pk
-
     shapes = TRAINING_SIMULATED if args.simulated else TRAINING
-    training = [submit(name, "SP", "keras_train", params) for name, params in shapes.items()]
+    training = [submit(owner, name, "SP", "keras_train", params).pk for name, params in shapes.items()]
 
     def all_finished(ids: list[int]) -> bool:
-        workers.check_alive()
-        return not Job.objects.filter(pk__in=ids, state__in=["queued", "running", "held"]).exists()
+        return finished(workers, ids)
 
     # RT jobs arrive once training has taken steps (an RT job cannot cut into a job's setup,
     # only into its steps), one at a time, each preempting a training slice.
@@ -150,7 +144,7 @@ def run_jobs(args, workers: Service, setup_s: float) -> bool:
     rt = []
     for i in range(RT_JOBS):
         time.sleep(1.0)
-        rt.append(submit(f"rt-{i}", "RT", "synthetic", {"steps": 2, "step_ms": 1.0, "state_kb": 0}))
+        rt.append(submit(owner, f"rt-{i}", "RT", "synthetic", RT_PARAMS).pk)
         wait_for(lambda: all_finished(rt), 60, f"RT job {i} to finish", interval=0.01)
     wait_for(lambda: all_finished(training), args.timeout, "the training jobs to finish", interval=0.5)
 
@@ -190,66 +184,84 @@ def rt_behind_keras(args, stack, workers: Service) -> bool:
     """RT behind a 200 MB Keras job, paused in place in the GPU's RT lane (gpuworkers as
     started: lanes on), then through the checkpoint path (gpuworkers restarted with
     CLOCKQ_RT_LANE=off). Each RT job declares 256 MiB, which fits beside the Keras job."""
-    from django.contrib.auth.models import User
-
     from clockq.bus import lanes
     from clockq.bus.client import client
     from clockq.bus.heartbeat import KEY_PREFIX
-    from clockq.jobs import services, workloads
+
+    main = f"gpu{args.gpu}@{socket.gethostname()}"
+    lane = lanes.lane_name(main)
+    wait_for(lambda: client().zscore(lanes.IDLE_KEY, lane) is not None, 90, f"RT lane {lane}")
+    ok = rt_behind_keras_one_way(args, workers, "paused in place")
+
+    workers.stop()
+    env = {**stack.env, "CLOCKQ_RT_LANE": "off"}
+    workers = Service("gpuworkers", workers.argv, env, ROOT, stack.work / "workers-no-lane.log").start()
+    stack.services.append(workers)
+    client().delete(KEY_PREFIX + main)
+    wait_for(lambda: bool(client().exists(KEY_PREFIX + main)), 90, f"worker {main} without its lane")
+    return rt_behind_keras_one_way(args, workers, "checkpoint path") and ok
+
+
+def rt_behind_keras_one_way(args, workers: Service, way: str) -> bool:
+    """RT_BEHIND RT jobs, one at a time, each while the Keras job runs its steps."""
+    from django.contrib.auth.models import User
+
+    from clockq.bus import lanes
+    from clockq.jobs import services
     from clockq.jobs.models import Job
 
-    host = socket.gethostname()
-    main, lane = f"gpu{args.gpu}@{host}", f"rt{args.gpu}@{host}"
     owner = User.objects.get(username="gpu-check")
     params = KERAS_200MB_SIMULATED if args.simulated else KERAS_200MB
+    served = lanes.served()
+    big = submit(owner, "keras-200mb", "SP", "keras_train", params, gpu_mem_mib=2048)
+    wait_for(lambda: Job.objects.get(pk=big.pk).progress > 0, 180, "the 200 MB Keras job to take steps")
+    waits, states = [], []
+    for i in range(RT_BEHIND):
+        wait_for(lambda: running(workers, big.pk), 120, "the Keras job to run again")
+        time.sleep(0.5)  # into its steps, past its claim
+        rt = submit(owner, f"rt-behind-{i}", "RT", "synthetic", RT_PARAMS, gpu_mem_mib=256)
+        wait_for(lambda job=rt: finished(workers, [job.pk]), 60, f"RT job {i}", interval=0.01)
+        rt.refresh_from_db()
+        states.append(rt.state)
+        if rt.first_started_at:
+            waits.append((rt.first_started_at - rt.submitted_at).total_seconds() * 1000)
+    big.refresh_from_db()
+    services.cancel_job(big, "gpu-check")
+    hidden = params["hidden"]
+    state_mb = 12 * (hidden * hidden + 19 * hidden + 1) / 2**20  # weights and two moments, float32
+    after = lanes.served()
+    paths = {k: after.get(k, 0) - served.get(k, 0) for k in after if after.get(k, 0) != served.get(k, 0)}
+    print(
+        f"== RT behind a {state_mb:.0f} MB Keras job ({way}): {states.count('succeeded')}/{RT_BEHIND} "
+        f"succeeded; wait p50 {statistics.median(waits) if waits else float('nan'):.1f} ms, "
+        f"max {max(waits, default=float('nan')):.1f} ms; lanes served {paths or 'none'}"
+    )
+    return states == ["succeeded"] * RT_BEHIND
 
-    def submit(name: str, tier: str, workload: str, params: dict, mib: int) -> Job:
-        cleaned = workloads.validate(workload, params, may_run_commands=True)
-        return services.submit_job(
-            owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned, gpu_mem_mib=mib
-        )
 
-    def state(job: Job) -> str:
-        workers.check_alive()
-        return Job.objects.values_list("state", flat=True).get(pk=job.pk)
+def submit(owner, name: str, tier: str, workload: str, params: dict, gpu_mem_mib: int | None = None):
+    """Submit a job as the check's user, through the same validation as the API."""
+    from clockq.jobs import services, workloads
 
-    ok = True
-    for way in ("paused in place", "checkpoint path"):
-        if way == "checkpoint path":
-            workers.stop()
-            env = {**stack.env, "CLOCKQ_RT_LANE": "off"}
-            workers = Service("gpuworkers", workers.argv, env, ROOT, stack.work / "workers-no-lane.log").start()
-            stack.services.append(workers)
-            client().delete(KEY_PREFIX + main)
-            wait_for(lambda: bool(client().exists(KEY_PREFIX + main)), 90, f"worker {main} without its lane")
-        else:
-            wait_for(lambda: client().zscore(lanes.IDLE_KEY, lane) is not None, 90, f"RT lane {lane}")
-        served = lanes.served()
-        big = submit("keras-200mb", "SP", "keras_train", params, 2048)
-        wait_for(lambda job=big: Job.objects.get(pk=job.pk).progress > 0, 180, "the 200 MB Keras job to take steps")
-        waits, states = [], []
-        for i in range(RT_BEHIND):
-            wait_for(lambda job=big: state(job) == "running", 120, "the Keras job to run again")
-            time.sleep(0.5)  # into its steps, past its claim
-            rt = submit(f"rt-behind-{i}", "RT", "synthetic", {"steps": 2, "step_ms": 1.0, "state_kb": 0}, 256)
-            wait_for(lambda job=rt: state(job) not in ("queued", "running", "held"), 60, f"RT job {i}", interval=0.01)
-            rt.refresh_from_db()
-            states.append(rt.state)
-            if rt.first_started_at:
-                waits.append((rt.first_started_at - rt.submitted_at).total_seconds() * 1000)
-        big.refresh_from_db()
-        services.cancel_job(big, "gpu-check")
-        hidden = params["hidden"]
-        state_mb = 12 * (hidden * hidden + 19 * hidden + 1) / 2**20  # weights and two moments, float32
-        after = lanes.served()
-        paths = {k: after.get(k, 0) - served.get(k, 0) for k in after if after.get(k, 0) != served.get(k, 0)}
-        print(
-            f"== RT behind a {state_mb:.0f} MB Keras job ({way}): {states.count('succeeded')}/{RT_BEHIND} "
-            f"succeeded; wait p50 {statistics.median(waits) if waits else float('nan'):.1f} ms, "
-            f"max {max(waits, default=float('nan')):.1f} ms; lanes served {paths or 'none'}"
-        )
-        ok &= states == ["succeeded"] * RT_BEHIND
-    return ok
+    cleaned = workloads.validate(workload, params, may_run_commands=True)
+    return services.submit_job(
+        owner=owner, name=name, tier_code=tier, workload=workload, params=cleaned, gpu_mem_mib=gpu_mem_mib
+    )
+
+
+def finished(workers: Service, ids: list[int]) -> bool:
+    """Whether every job of `ids` has ended (the workers still alive)."""
+    from clockq.jobs.models import Job
+
+    workers.check_alive()
+    return not Job.objects.filter(pk__in=ids, state__in=["queued", "running", "held"]).exists()
+
+
+def running(workers: Service, job_id: int) -> bool:
+    from clockq.jobs.models import Job
+
+    workers.check_alive()
+    return Job.objects.filter(pk=job_id, state="running").exists()
 
 
 def keras_backend() -> str:
