@@ -152,3 +152,36 @@ def test_the_counters_are_written_on_the_reader_thread_after_the_commit(alice, m
     assert len(threads) == 2  # the first start, then the yielded slice
     assert all(name.startswith("clockq-boundary") for name in threads), threads
     assert counters.read_counters().slices[("SP", "yielded")] == 1
+
+
+@override_settings(CLOCKQ_OVERHEAD_BUDGET=0)
+def test_a_read_still_in_flight_at_the_boundary_is_waited_for_not_made_again(alice, monkeypatch):
+    # The read made during the last step finishes only once the boundary has come for it
+    from workers.run import boundary
+
+    monkeypatch.setattr(boundary, "PREFETCH_WAIT_S", 30.0)  # what is tested is the wait, not its bound
+    seen: list[str] = []
+    at_boundary = threading.Event()
+    real_read, real_prefetched = SliceBoundary._read_boundary, SliceBoundary._prefetched
+
+    def read(self, done, cut_short):
+        result = real_read(self, done, cut_short)
+        seen.append(threading.current_thread().name)
+        if threading.current_thread() is not threading.main_thread():
+            assert at_boundary.wait(30), "the boundary never came for its read"
+        return result
+
+    def prefetched(self):
+        at_boundary.set()
+        return real_prefetched(self)
+
+    monkeypatch.setattr(SliceBoundary, "_read_boundary", read)
+    monkeypatch.setattr(SliceBoundary, "_prefetched", prefetched)
+    job = submit(alice, "SP", "busy", steps=400, step_ms=20)
+    submit(alice, "SP", "rival", steps=1)  # waiting: the boundary yields to it
+
+    assert run_dispatch(job.pk, job.dispatch_token, _runtime(job)) == RunOutcome.YIELDED
+
+    # Then the boundary decided on that read: none made afresh on the GPU's own thread
+    assert seen and all(name.startswith("clockq-boundary") for name in seen), seen
+    assert Job.objects.get(pk=job.pk).state == "queued"
