@@ -400,6 +400,24 @@ CLOCKQ_WARM_CACHE_MB = env_int("CLOCKQ_WARM_CACHE_MB", 512, min_value=0)
 # held at once, and checkpoint storage (what finished jobs keep counts until retention ends).
 CLOCKQ_QUOTA_ACTIVE_JOBS = env_int("CLOCKQ_QUOTA_ACTIVE_JOBS", 500, min_value=1)
 CLOCKQ_QUOTA_CHECKPOINT_MB = env_int("CLOCKQ_QUOTA_CHECKPOINT_MB", 20 * 1024, min_value=1)
+# Files (inodes) a user's jobs may hold in their work folders at once: a store's inodes run out
+# long before its bytes do when a program makes small files (300,000 of them fill a 1 GiB tmpfs).
+CLOCKQ_QUOTA_FILES = env_int("CLOCKQ_QUOTA_FILES", 1_000_000, min_value=1)
+# What one job may hold on the checkpoint store (its checkpoints, its work folder, logs included,
+# and its result), whatever its owner's quota leaves: one job of a user cannot take all of it.
+CLOCKQ_JOB_STORAGE_MB = env_int("CLOCKQ_JOB_STORAGE_MB", 10 * 1024, min_value=1)
+CLOCKQ_JOB_FILES = env_int("CLOCKQ_JOB_FILES", 100_000, min_value=1)
+# Room on the checkpoint store that no job's work folder may take: the checkpoints and results of
+# every other job are written there, so a store one job fills stalls every GPU. A share of the
+# store's size, so that it means the same on a 1 GiB tmpfs and on a 10 TB volume.
+CLOCKQ_STORE_RESERVE_PERCENT = env_float("CLOCKQ_STORE_RESERVE_PERCENT", 5.0, min_value=0.0, max_value=90.0)
+# A storage fault that follows one job from claim to claim (each claim comes after the worker's
+# probe found the storage working again) is the job's after this many in a row: it then fails.
+CLOCKQ_JOB_STORAGE_FAULTS = env_int("CLOCKQ_JOB_STORAGE_FAULTS", 3, min_value=1, max_value=100)
+# How much of a command program's stdout and of its stderr the worker keeps (the end of each),
+# in the work folder's stdout.log and stderr.log: a program's output goes through the worker,
+# never straight to a file on the store.
+CLOCKQ_COMMAND_LOG_KEEP_KB = env_int("CLOCKQ_COMMAND_LOG_KEEP_KB", 2048, min_value=4, max_value=1024 * 1024)
 # Checkpoints of finished jobs are deleted this long after they finish.
 CLOCKQ_CHECKPOINT_RETENTION_S = env_int("CLOCKQ_CHECKPOINT_RETENTION_S", 86_400, min_value=0)
 # Results (what a succeeded job produced) are deleted this long after the job finished; 0 keeps

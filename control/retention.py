@@ -31,7 +31,7 @@ def delete_old_checkpoints(batch: int = 500) -> int:
         # Mark first, only while the job is still finished: an operator who requeues it at the
         # same moment keeps its checkpoints; one who requeues it later starts it afresh.
         marked = Job.objects.filter(pk=job_id, state=state, checkpoints_deleted_at__isnull=True).update(
-            checkpoints_deleted_at=timezone.now(), checkpoint_bytes=0, checkpoint_files=[]
+            checkpoints_deleted_at=timezone.now(), checkpoint_bytes=0, checkpoint_files=[], work_bytes=0, work_files=0
         )
         if marked != 1:
             continue

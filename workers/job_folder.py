@@ -81,10 +81,14 @@ class JobFolder:
         with os.fdopen(fd, "rb") as f:
             return f.read() if limit is None else f.read(limit)
 
-    def copy_to(self, name: str, target: Path) -> None:
-        """Copy the regular file `name` to a new file `target` outside the folder."""
-        with os.fdopen(self.open_file(name), "rb") as source, open(target, "xb") as out:
-            shutil.copyfileobj(source, out, 1 << 20)
+    def copy_fd_to(self, fd: int, target: Path, *, limit: int) -> None:
+        """Copy at most `limit` bytes of the open file `fd` (from open_file) to a new file
+        `target` outside the folder, leaving `fd` open."""
+        with open(target, "xb") as out:
+            offset = 0
+            while offset < limit and (chunk := os.pread(fd, min(1 << 20, limit - offset), offset)):
+                out.write(chunk)
+                offset += len(chunk)
 
     def signature(self, name: str) -> tuple[int, int, int] | None:
         """What changes when `name` is written or replaced (not following a link): None if absent."""
@@ -145,6 +149,22 @@ class JobFolder:
                 os.unlink(name, dir_fd=self.fd)
             except IsADirectoryError:
                 raise UnsafeEntry(errno.EISDIR, f"{name} in the work folder is a folder; remove it") from None
+
+    def clear(self, keep: tuple[str, ...] = ()) -> None:
+        """Remove everything in the folder but the entries named in `keep`, links themselves
+        (never what they point to) and folders with all they hold (shutil.rmtree with a
+        descriptor does not follow a link either)."""
+        for name in self.names():
+            if name in keep:
+                continue
+            try:
+                st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(name, dir_fd=self.fd)
+                else:
+                    os.unlink(name, dir_fd=self.fd)
+            except FileNotFoundError:
+                pass
 
     def give_tree_to_owner(self) -> None:
         """Make everything in the folder the owner's (after the program's uid changed), never

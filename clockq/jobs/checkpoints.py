@@ -37,6 +37,8 @@ from clockq.jobs.results import RESULT_DIR
 log = logging.getLogger("clockq.checkpoints")
 
 MAGIC = b"CLOCKQ-CKPT-2\n"
+MAX_HEADER_BYTES = 4096  # a header is a short JSON line; a longer one is not a header
+CRC_CHUNK = 1 << 24
 # One number for the store and for the storage quota, which counts what the store keeps.
 KEEP_GENERATIONS = KEPT_GENERATIONS
 # gen-<generation>-<claim token>.ckpt; files from before claims were named carry no token.
@@ -155,35 +157,54 @@ class CheckpointStore:
 
     def read(self, job_id: int, name: str) -> bytes:
         """Read and verify one checkpoint, or raise CheckpointError saying what is wrong with
-        it, or StorageError when the storage cannot be read at all."""
+        it, or StorageError when the storage cannot be read at all. The header is checked against
+        the file's size before the payload is read, and the payload is read once, into one
+        buffer, and checksummed in chunks: a file whose header and size disagree (torn, sparse,
+        corrupt) costs no memory, and a good one costs its size, not twice it."""
         path = self.path(job_id, name)
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as fh:
+                header = self._header(fh, name)
+                payload_at = fh.tell()
+                size = os.fstat(fh.fileno()).st_size
+                length = header.get("length")
+                if not isinstance(length, int) or length < 0 or size - payload_at != length:
+                    raise CheckpointError(f"{name} is truncated: {size - payload_at} of {length} bytes")
+                payload = fh.read(length)
         except FileNotFoundError:
             raise CheckpointMissing(f"{name} is missing") from None
         except OSError as exc:
             raise StorageError(f"reading {name} of job {job_id}: {exc}") from exc
-        if not data.startswith(MAGIC):
-            raise CheckpointError(f"{name} has no clockq header")
-        end = data.find(b"\n", len(MAGIC))
-        try:
-            header = json.loads(data[len(MAGIC) : end])
-        except ValueError:
-            raise CheckpointError(f"{name} has an unreadable header") from None
-        if not isinstance(header, dict):
-            raise CheckpointError(f"{name} has an unreadable header")
-        payload = data[end + 1 :]
         match = _NAME.match(name)
         assert match is not None  # self.path checked the name
         if header.get("job") != int(job_id) or header.get("generation") != int(match[1]):
             raise CheckpointError(f"{name} belongs to job {header.get('job')} gen {header.get('generation')}")
         if header.get("claim") != match[2]:
             raise CheckpointError(f"{name} was written by another claim ({header.get('claim')})")
-        if len(payload) != header.get("length"):
-            raise CheckpointError(f"{name} is truncated: {len(payload)} of {header.get('length')} bytes")
-        if zlib.crc32(payload) != header.get("crc32"):
+        if len(payload) != length:
+            raise CheckpointError(f"{name} is truncated: {len(payload)} of {length} bytes")
+        crc, view = 0, memoryview(payload)
+        for at in range(0, length, CRC_CHUNK):
+            crc = zlib.crc32(view[at : at + CRC_CHUNK], crc)
+        if crc != header.get("crc32"):
             raise CheckpointError(f"{name} fails its checksum")
         return payload
+
+    @staticmethod
+    def _header(fh, name: str) -> dict:
+        """The header of the open checkpoint file, its position left at the payload."""
+        if fh.read(len(MAGIC)) != MAGIC:
+            raise CheckpointError(f"{name} has no clockq header")
+        line = fh.readline(MAX_HEADER_BYTES)
+        if not line.endswith(b"\n"):
+            raise CheckpointError(f"{name} has an unreadable header")
+        try:
+            header = json.loads(line)
+        except ValueError:
+            raise CheckpointError(f"{name} has an unreadable header") from None
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{name} has an unreadable header")
+        return header
 
     def restore(
         self,

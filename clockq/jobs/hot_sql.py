@@ -200,11 +200,12 @@ class QuotaRead(NamedTuple):
     active: int  # jobs in the counted states, up to one past the active limit
     checkpoint_bytes: int  # summed over the owner's jobs
     result_bytes: int
+    work_bytes: int = 0
 
 
 def quota_read(owner_id: int, states: Sequence[str], default_max_active: int) -> QuotaRead:
     """A submit's quota read, in one statement: the owner's limits, how many of the owner's jobs
-    are in `states`, and the checkpoint and result bytes their jobs hold. The count stops one past
+    are in `states`, and the checkpoint, result and work-folder bytes their jobs hold. The count stops one past
     the owner's active limit and runs on the (owner, state) index, and the sums run over the
     partial index job_owner_storage (the WHERE repeats its condition), so neither grows with the
     owner's history. Through the ORM these were three queries and 1.6 ms of Python, most of it
@@ -213,14 +214,15 @@ def quota_read(owner_id: int, states: Sequence[str], default_max_active: int) ->
     params = [owner_id, owner_id, owner_id, *map(str, states), owner_id, default_max_active, owner_id]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        max_active, max_mb, active, checkpoints, results = cursor.fetchone()
-    return QuotaRead(max_active, max_mb, int(active), int(checkpoints or 0), int(results or 0))
+        max_active, max_mb, active, checkpoints, results, work = cursor.fetchone()
+    return QuotaRead(max_active, max_mb, int(active), int(checkpoints or 0), int(results or 0), int(work or 0))
 
 
 @_once
 def _quota_read_sql(states: int, _vendor: str) -> str:
     job, owner, state = table(Job), column(Job, "owner_id"), column(Job, "state")
     checkpoints, results = column(Job, "checkpoint_bytes"), column(Job, "result_bytes")
+    work = column(Job, "work_bytes")
     quota, quota_user = table(UserQuota), column(UserQuota, "user_id")
     max_active, max_mb = column(UserQuota, "max_active_jobs"), column(UserQuota, "max_checkpoint_mb")
     own_limit = f"SELECT {{}} FROM {quota} WHERE {quota_user} = %s"
@@ -229,6 +231,6 @@ def _quota_read_sql(states: int, _vendor: str) -> str:
     capped = f"SELECT 1 FROM {job} WHERE {owner} = %s AND {state} IN ({marks}) LIMIT {limit}"
     return (
         f"SELECT ({own_limit.format(max_active)}), ({own_limit.format(max_mb)}), "
-        f"(SELECT COUNT(*) FROM ({capped}) capped), SUM({checkpoints}), SUM({results}) "
-        f"FROM {job} WHERE {owner} = %s AND ({checkpoints} > 0 OR {results} > 0)"
+        f"(SELECT COUNT(*) FROM ({capped}) capped), SUM({checkpoints}), SUM({results}), SUM({work}) "
+        f"FROM {job} WHERE {owner} = %s AND ({checkpoints} > 0 OR {results} > 0 OR {work} > 0)"
     )

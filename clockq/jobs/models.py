@@ -149,6 +149,13 @@ class Job(models.Model):
     result_files = models.JSONField(default=list, blank=True, help_text="[{name, bytes, sha256}]")
     result_bytes = models.PositiveBigIntegerField(default=0)
     result_stored_at = models.DateTimeField(null=True, blank=True)
+    # What the job's work folder holds (its program's files and logs), as the worker last measured
+    # it while the job ran (workers/storage_watch.py): it counts toward the owner's quota.
+    work_bytes = models.PositiveBigIntegerField(default=0)
+    work_files = models.PositiveIntegerField(default=0)
+    # Storage faults met by this job's claims in a row, none stored in between: past
+    # CLOCKQ_JOB_STORAGE_FAULTS, the fault is the job's (workers/run/failures.py).
+    storage_faults = models.PositiveIntegerField(default=0)
     dispatch_token = models.CharField(max_length=32, default=new_token)
     dispatched_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="")
@@ -178,7 +185,7 @@ class Job(models.Model):
             models.Index(fields=["owner", "state"], name="job_owner_state"),
             models.Index(
                 fields=["owner"],
-                condition=models.Q(checkpoint_bytes__gt=0) | models.Q(result_bytes__gt=0),
+                condition=models.Q(checkpoint_bytes__gt=0) | models.Q(result_bytes__gt=0) | models.Q(work_bytes__gt=0),
                 name="job_owner_storage",
             ),
             models.Index(fields=["late_at"]),  # the KPI rollup reads late marks by time
@@ -221,6 +228,9 @@ class UserQuota(models.Model):
     )
     max_checkpoint_mb = models.PositiveIntegerField(
         null=True, blank=True, help_text="Checkpoint storage, in MB. Empty: CLOCKQ_QUOTA_CHECKPOINT_MB."
+    )
+    max_files = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Files in the work folders of running jobs. Empty: CLOCKQ_QUOTA_FILES."
     )
 
     def __str__(self) -> str:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from clockq.jobs.checkpoints import (
@@ -218,17 +220,41 @@ def test_a_storage_that_cannot_be_read_is_not_a_reason_to_fall_back(store, monke
     """An I/O error says nothing about the checkpoint: falling back to an older generation, or to
     the beginning, would throw work away for a fault of the disk."""
     import errno
-    from pathlib import Path
 
     store.write(7, gen(1), b"one")
     store.write(7, gen(2), b"two")
 
-    def eio(self):
+    def eio(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(Path, "read_bytes", eio)
+    monkeypatch.setattr("clockq.jobs.checkpoints.open", eio, raising=False)
     with pytest.raises(StorageError, match="Input/output error"):
         store.restore(7, [gen(2), gen(1)])
+
+
+def test_a_checkpoint_grown_sparse_past_its_header_is_refused_before_its_payload_is_read(store, monkeypatch):
+    """Its header says how long it is; a file of another size (torn, or truncated up to 3 GiB,
+    which takes no blocks) is refused by its size, so reading it costs no memory."""
+    store.write(7, gen(1), b"x" * 1000)
+    os.truncate(store.path(7, gen(1)), 3 * 2**30)
+    reads = []
+    real_open = open
+
+    def counting_open(*args, **kwargs):
+        fh = real_open(*args, **kwargs)
+        real_read = fh.read
+
+        def read(n=-1):
+            reads.append(n)
+            return real_read(n)
+
+        fh.read = read
+        return fh
+
+    monkeypatch.setattr("clockq.jobs.checkpoints.open", counting_open, raising=False)
+    with pytest.raises(CheckpointError, match="truncated"):
+        store.read(7, gen(1))
+    assert all(0 <= n <= 64 for n in reads), reads  # the magic only; never the payload
 
 
 def test_checkpoints_named_before_claims_still_restore(store):

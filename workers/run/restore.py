@@ -25,6 +25,7 @@ from workers.run.claim import ClaimedJob
 from workers.run.errors import LostOwnership, workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
 from workers.runtime import Runtime
+from workers.storage_watch import JobStorage
 from workers.workloads import registry
 from workers.workloads.base import RunContext, Workload
 
@@ -72,7 +73,13 @@ class Restore:
         with workload_errors():
             workload = registry.create(self.job.workload, self.job.params)
             workload.setup(
-                RunContext(self.job_id, self.runtime.identity.gpu_index, work_dir, settings.CLOCKQ_CACHE_DIR)
+                RunContext(
+                    self.job_id,
+                    self.runtime.identity.gpu_index,
+                    work_dir,
+                    settings.CLOCKQ_CACHE_DIR,
+                    storage=JobStorage(self.job_id),
+                )
             )
         if current:
             try:

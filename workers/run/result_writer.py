@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import shutil
 from datetime import datetime
 from typing import Any
 
@@ -36,6 +37,9 @@ class ResultWriter:
         """The result, in place. StorageError when the storage failed, whoever's code hit it."""
         try:
             staged = self.runtime.results.staging(self.job_id)
+        except ResultStorageError as exc:
+            raise StorageError(str(exc)) from exc
+        try:
             try:
                 with workload_errors():
                     workload.write_result(staged)
@@ -46,10 +50,14 @@ class ResultWriter:
                     raise StorageError(f"writing the result of job {self.job_id}: {exc.__cause__}") from exc
                 raise
             manifest = self.runtime.results.store(self.job_id, staged)
-            self.runtime.storage_works()
-            return manifest
         except ResultStorageError as exc:
             raise StorageError(str(exc)) from exc
+        finally:
+            # A failed attempt leaves nothing on the store (a full one least of all); after a
+            # store, the folder was renamed into place and this finds nothing.
+            shutil.rmtree(staged, ignore_errors=True)
+        self.runtime.storage_works()
+        return manifest
 
     def wait_for_room(self, exc: StorageError) -> None:
         """The job is done but its result cannot be stored: say so, and wait a moment before the

@@ -27,6 +27,7 @@ class RunContext:
     gpu_index: int
     work_dir: Path
     cache_dir: Path | None = None  # data shared by the host's jobs, which prefetch() may fill
+    storage: Any = None  # workers.storage_watch.JobStorage of a claimed job; None outside a claim
 
 
 class Workload(ABC):

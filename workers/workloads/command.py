@@ -11,11 +11,11 @@ Start
     clockq runs ``argv`` (no shell) in its own sandbox, session and PID namespace, as a uid of
     its own (``CLOCKQ_COMMAND_UID_BASE`` + the job's id, as a rule), with the job's work folder
     (its only writable place, at the same path as on the host) as the current directory and
-    HOME, a private ``/tmp``, stdin from /dev/null, and stdout and stderr appended to
-    ``stdout.log`` and ``stderr.log`` in that folder (a link or anything but a file of the
-    job's put in their place is replaced by a new, empty log). The environment is the worker's, less clockq's
-    credentials (DATABASE_URL, REDIS_URL, SECRET_KEY, ...), with ``CUDA_VISIBLE_DEVICES`` left
-    as inherited (the worker's GPU), plus:
+    HOME, a private ``/tmp``, stdin from /dev/null, and stdout and stderr read by the worker
+    through pipes: the last ``CLOCKQ_COMMAND_LOG_KEEP_KB`` of each, across restarts, is kept in
+    ``stdout.log`` and ``stderr.log`` in that folder, rewritten when the program stops. The
+    environment is the worker's, less clockq's credentials (DATABASE_URL, REDIS_URL,
+    SECRET_KEY, ...), with ``CUDA_VISIBLE_DEVICES`` left as inherited (the worker's GPU), plus:
 
     ``CLOCKQ_CHECKPOINT_FILE``
         Absolute path (in the work folder) where the program writes its checkpoint.
@@ -72,30 +72,43 @@ Exit
     requested, it should write a final checkpoint before exiting 0: clockq then keeps that
     checkpoint, and a program resumed from it should exit 0 at once.
 
+Storage
+    Everything in the work folder counts toward the job's storage allowance while the program
+    runs, in bytes (apparent size: a sparse file counts as what a copy of it takes) and in
+    files: at most ``CLOCKQ_JOB_STORAGE_MB`` and ``CLOCKQ_JOB_FILES`` for the job, and what its
+    owner's quota leaves. A program that passes either is killed and the job fails, with a
+    reason that names the limit; so does a checkpoint or a result bigger than the job may
+    store, which is refused before it is read (workers/storage_watch.py).
+
 ``tests/workloads/fixtures/count_script.py`` is a complete example to copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
 
+from clockq.jobs import quotas
 from clockq.jobs.results import MAX_FILES as MAX_RESULT_FILES
 from clockq.jobs.results import SAFE_NAME as SAFE_RESULT_NAME
 from clockq.jobs.results import ResultError
 from workers.job_folder import JobFolder, UnsafeEntry
+from workers.program_output import OutputTail
 from workers.sandbox import Pidfd, UidLease, first_child, prepare_work_dir, read_child_pid, sandbox_for_commands
-from workers.workloads.base import RunContext, StartAbandoned, Workload
+from workers.storage_watch import StorageWatch, folder_usage, store_room, unaccounted_allowance
+from workers.workloads.base import JobRefused, RunContext, StartAbandoned, Workload
 from workers.workloads.program_start import cannot_start, catches_signal, exec_failure, program_problem, start_error
 
 log = logging.getLogger(__name__)
@@ -107,6 +120,18 @@ HANDLER_WAIT_S = 2.0  # ample for an interpreter's start; a program that install
 HANDLER_POLL_S = 0.002
 STDERR_TAIL_BYTES = 2048
 MAX_RUNNING_PROGRESS = 0.999
+USAGE_REPORT_EVERY_S = 1.0
+
+
+class CheckpointTooBig(RuntimeError):
+    """The program's checkpoint is bigger than the job may store, or than the store has room
+    for: the job's failure, counted (the program may write a smaller one on its retry)."""
+
+
+class StorageLimitExceeded(JobRefused):
+    """The program, its checkpoint or its result passed the job's storage allowance: the job
+    fails at once, with the limit named; a retry would pass it again."""
+
 
 # Settings a job's program must not see: clockq's database, broker (address and password),
 # secrets, ports and every other clockq, Celery, Django and Flower setting.
@@ -156,10 +181,20 @@ class CommandWorkload(Workload):
         self.resume = False
         self.finished = False
         self._started_at = 0.0
-        self._stderr_offset = 0
         self._stderr_tail = ""
         self._metrics_offset = 0  # read from the start at each claim; re-read steps replace
-        self._logs: list[int] = []  # stdout's and stderr's descriptors while the program runs
+        self._output: list[OutputTail] = []  # stdout's and stderr's pipes while the program runs
+        # What this job may hold on the store (its checkpoints and result count too); watched
+        # while its program runs, from another thread, which kills the program when passed.
+        self.storage = ctx.storage
+        self.allowance, self.held_elsewhere = (
+            ctx.storage.allowance() if ctx.storage is not None else (unaccounted_allowance(), 0)
+        )
+        self.watch: StorageWatch | None = None
+        self._over_storage = ""  # why the watch killed the program
+        self._handles = threading.Lock()  # the program's handles, closed here, used by the watch
+        self._reported: tuple[int, int] | None = None
+        self._reported_at = 0.0
 
     # -- the contract ---------------------------------------------------------------------
 
@@ -182,8 +217,10 @@ class CommandWorkload(Workload):
         try:
             code = self._exit_code(self.proc.wait(timeout=self.params["step_ms"] / 1000.0))
         except subprocess.TimeoutExpired:
+            self._report_usage()
             return min(self._read_progress(), MAX_RUNNING_PROGRESS)
         self._reaped()
+        self._raise_if_over_storage()
         if code == 0:
             self.finished = True
             return 1.0
@@ -208,11 +245,13 @@ class CommandWorkload(Workload):
             code = self._exit_code(self.proc.wait(timeout=CHECKPOINT_TIMEOUT_S))
         except subprocess.TimeoutExpired:
             self._kill()
+            self._raise_if_over_storage()
             raise RuntimeError(
                 f"the program did not exit within {CHECKPOINT_TIMEOUT_S:g} s of SIGUSR1; killed it"
                 f"{self._stderr_suffix()}"
             ) from None
         self._reaped()
+        self._raise_if_over_storage()
         self.resume = True
         changed = self.folder.signature(CHECKPOINT_NAME) != before
         if code == EX_TEMPFAIL:
@@ -285,16 +324,46 @@ class CommandWorkload(Workload):
                 raise ResultError(
                     f"a result holds at most {MAX_RESULT_FILES} files; {RESULT_DIR_NAME}/ has {len(names)}"
                 )
-            for name in names:
-                if not SAFE_RESULT_NAME.match(name):
-                    raise ResultError(f"result file name {name[:60]!r} is not allowed (letters, digits, . _ -)")
-                try:
-                    folder.copy_to(name, directory / name)
-                except OSError as exc:
-                    raise ResultError(
-                        f"result entry {name[:60]!r} cannot be read (links, folders and files not "
-                        f"the job's own are refused): {exc.strerror or exc}"
-                    ) from exc
+            sources = {}
+            try:
+                for name in names:
+                    if not SAFE_RESULT_NAME.match(name):
+                        raise ResultError(f"result file name {name[:60]!r} is not allowed (letters, digits, . _ -)")
+                    try:
+                        sources[name] = folder.open_file(name)
+                    except OSError as exc:
+                        raise ResultError(
+                            f"result entry {name[:60]!r} cannot be read (links, folders and files not "
+                            f"the job's own are refused): {exc.strerror or exc}"
+                        ) from exc
+                # Judged by what the copies will take (apparent sizes: a sparse file is copied
+                # whole), before a byte is copied.
+                sizes = {name: os.fstat(fd).st_size for name, fd in sources.items()}
+                self._check_result_fits(sum(sizes.values()))
+                for name, fd in sources.items():
+                    # A write that fails here is the store's (full, failing), not the job's: the
+                    # OSError goes up as it is, and the result writer says so. No more than was
+                    # judged is copied, whatever the file has become since.
+                    folder.copy_fd_to(fd, directory / name, limit=sizes[name])
+            finally:
+                for fd in sources.values():
+                    os.close(fd)
+
+    def _check_result_fits(self, nbytes: int) -> None:
+        """StorageLimitExceeded when a result of `nbytes` passes what the job may store, or what
+        the store could ever hold; ENOSPC (the store's fault: the job waits for room) when it
+        does not fit in the store's free space now. Either way, before anything is copied."""
+        mb = nbytes / quotas.MB
+        if reason := self.allowance.over(self.held_elsewhere + nbytes, 0):
+            raise StorageLimitExceeded(f"the result ({mb:,.1f} MB, apparent size) is refused: {reason}")
+        free, reserve, size = _store_space(self.work_dir)
+        if nbytes > size - reserve:
+            raise StorageLimitExceeded(
+                f"the result ({mb:,.1f} MB, apparent size) is refused: larger than the checkpoint store "
+                f"could ever hold ({size / quotas.MB:,.0f} MB, less its reserve, CLOCKQ_STORE_RESERVE_PERCENT)"
+            )
+        if nbytes > free - reserve:
+            raise OSError(errno.ENOSPC, f"the result ({mb:,.1f} MB) does not fit in the store's free space now")
 
     def close(self) -> None:
         self._stop()
@@ -333,15 +402,15 @@ class CommandWorkload(Workload):
             self._release_uid()
             raise cannot_start(argv[0], why)
         try:
-            self._logs = [self.folder.open_log(STDOUT_NAME), self.folder.open_log(STDERR_NAME)]
-            self._stderr_offset = os.fstat(self._logs[1]).st_size
+            keep = settings.CLOCKQ_COMMAND_LOG_KEEP_KB * 1024
+            self._output = [OutputTail(keep, self._kept_log(name, keep)) for name in (STDOUT_NAME, STDERR_NAME)]
             info_read, info_write = os.pipe() if self.sandbox.bwrap else (None, None)
             try:
                 self.proc = subprocess.Popen(
                     self.sandbox.argv(argv, work_dir=self.work_dir, info_fd=info_write),
                     stdin=subprocess.DEVNULL,
-                    stdout=self._logs[0],
-                    stderr=self._logs[1],
+                    stdout=self._output[0].write_fd,
+                    stderr=self._output[1].write_fd,
                     cwd=self.work_dir,
                     env=env,
                     pass_fds=() if info_write is None else (info_write,),
@@ -351,9 +420,12 @@ class CommandWorkload(Workload):
                 if info_write is not None:
                     os.close(info_write)
         except OSError as exc:
-            self._close_logs()
+            self._close_output()
             self._release_uid()
             raise start_error(exc, argv[0], sandboxed=bool(self.sandbox.bwrap)) from exc
+        for tail in self._output:
+            tail.started()
+        self._start_watch()
         self._started_at = time.monotonic()
         if info_read is None:
             self.program_pid = self.proc.pid
@@ -409,15 +481,20 @@ class CommandWorkload(Workload):
         namespace ends with its first process), keep the end of its stderr, forget it."""
         assert self.proc is not None
         self._end_sandbox()
-        self.proc = None
-        self.program_pid = None
-        for handle in (self.program, self.namespace):
-            if handle is not None:
-                handle.close()
-        self.program = self.namespace = None
-        self._stderr_tail = _tail(self._logs[1], self._stderr_offset, STDERR_TAIL_BYTES) if self._logs else ""
-        self._close_logs()
+        if self.watch is not None:
+            self.watch.stop()
+            self.watch = None
+        with self._handles:
+            self.proc = None
+            self.program_pid = None
+            for handle in (self.program, self.namespace):
+                if handle is not None:
+                    handle.close()
+            self.program = self.namespace = None
+        self._stderr_tail = self._output[1].recent(STDERR_TAIL_BYTES).decode("utf-8", "replace") if self._output else ""
+        self._close_output()
         self._release_uid()
+        self._report_usage(force=True)
 
     def _end_sandbox(self) -> None:
         """Kill every process the program started, and wait for the sandbox to be gone."""
@@ -440,10 +517,87 @@ class CommandWorkload(Workload):
         if self.proc is not None:
             self._kill()
 
-    def _close_logs(self) -> None:
-        for fd in self._logs:
+    def _close_output(self) -> None:
+        """The program is gone: keep the end of its output in the work folder's logs."""
+        output, self._output = self._output, []
+        for name, tail in zip((STDOUT_NAME, STDERR_NAME), output, strict=False):
+            kept = tail.finish()
+            try:
+                self.folder.write_atomic(name, kept)
+            except OSError as exc:
+                # The store is full or failing: the log is lost, the job's work is not.
+                log.warning("job %s: could not keep its %s: %s", self.ctx.job_id, name, exc)
+
+    def _kept_log(self, name: str, keep: int) -> bytes:
+        """The end of what the program's earlier runs wrote to the log `name`, at most `keep`
+        bytes, read through a descriptor (a link or a foreign file there gives nothing)."""
+        try:
+            fd = self.folder.open_file(name)
+        except OSError:
+            return b""
+        try:
+            size = os.fstat(fd).st_size
+            return os.pread(fd, keep, max(0, size - keep))
+        except OSError:
+            return b""
+        finally:
             os.close(fd)
-        self._logs = []
+
+    # -- the storage it holds ---------------------------------------------------------------
+
+    def _start_watch(self) -> None:
+        self._over_storage = ""
+        self.watch = StorageWatch(
+            self.folder.fd, str(self.work_dir), self.allowance, self.held_elsewhere, self._stop_for_storage
+        )
+        self.watch.start()
+
+    def _stop_for_storage(self, reason: str) -> None:
+        """From the watch's thread: the program passed a storage bound. End it now; the main
+        thread, waiting on it, finds out why."""
+        log.warning("job %s: stopping its program: %s", self.ctx.job_id, reason)
+        self._over_storage = reason
+        with self._handles:
+            if self.namespace is not None:
+                self.namespace.send(signal.SIGKILL)
+            elif self.proc is not None:
+                if not self.sandbox.bwrap:
+                    _killpg(self.proc.pid)
+                self.proc.kill()
+
+    def _raise_if_over_storage(self) -> None:
+        if self._over_storage:
+            reason, self._over_storage = self._over_storage, ""
+            # What it wrote is what passed the bound: gone with the job, so that the store keeps
+            # its room for everyone else (its checkpoints, in the store, are kept).
+            try:
+                self.folder.clear(keep=(STDOUT_NAME, STDERR_NAME))
+            except OSError as exc:
+                log.warning("job %s: could not clear its work folder: %s", self.ctx.job_id, exc)
+            self._report_usage(force=True)
+            raise StorageLimitExceeded(f"the program was stopped: {reason}{self._stderr_suffix()}")
+
+    def _report_usage(self, force: bool = False) -> None:
+        """What the work folder holds, on the job, so that the owner's quota counts it while the
+        job runs: at most once a USAGE_REPORT_EVERY_S, and only when it changed."""
+        watch_usage = self.watch.usage if self.watch is not None else None
+        now = time.monotonic()
+        if not force and (watch_usage is None or now - self._reported_at < USAGE_REPORT_EVERY_S):
+            return
+        if watch_usage is None:
+            # Stopped: measure once more, what it left is what it holds until retention.
+            try:
+                usage = folder_usage(
+                    self.folder.fd, stop_bytes=self.allowance.max_bytes, stop_files=self.allowance.max_files
+                )
+            except OSError:
+                return
+            watch_usage = usage
+        self._reported_at = now
+        current = (watch_usage.bytes, watch_usage.files)
+        if current != self._reported and self.storage is not None:
+            self.storage.report(watch_usage)
+            self._reported = current
 
     def _read_progress(self) -> float:
         try:
@@ -454,13 +608,38 @@ class CommandWorkload(Workload):
         return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
 
     def _read_checkpoint(self) -> bytes:
+        """The checkpoint the program wrote, once its size (apparent: a sparse file is read
+        whole) is known to fit what the job may store: a bigger one is refused before a byte of
+        it is read into the worker's memory, as the job's failure, counted like any other."""
         try:
-            data = self.folder.read(CHECKPOINT_NAME)
+            fd = self.folder.open_file(CHECKPOINT_NAME)
         except UnsafeEntry as exc:
             raise RuntimeError(f"the program's {CHECKPOINT_NAME} cannot be used: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as fh:
+            size = os.fstat(fd).st_size
+            if reason := self._checkpoint_too_big(size):
+                raise CheckpointTooBig(
+                    f"the program's {CHECKPOINT_NAME} ({size / quotas.MB:,.1f} MB, apparent size) cannot be "
+                    f"stored: {reason}"
+                )
+            data = fh.read(size)
         if not data:
             raise RuntimeError(f"the program wrote an empty {CHECKPOINT_NAME}")
         return data
+
+    def _checkpoint_too_big(self, size: int) -> str:
+        """Why a checkpoint of `size` bytes cannot be kept, '' when it can: the store keeps
+        KEPT_GENERATIONS of it and the work folder one more, and writing it needs its size free."""
+        held = quotas.KEPT_GENERATIONS * size
+        if reason := self.allowance.over(held + size, 0):
+            return reason
+        free, reserve, _ = _store_space(self.work_dir)
+        if size > free - reserve:
+            return (
+                f"the checkpoint store has {free / quotas.MB:,.1f} MB free and keeps {reserve / quotas.MB:,.1f} MB "
+                "of it for every job (CLOCKQ_STORE_RESERVE_PERCENT)"
+            )
+        return ""
 
     def _failure(self, code: int, context: str) -> RuntimeError:
         what = f"killed by signal {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
@@ -471,20 +650,16 @@ class CommandWorkload(Workload):
         return f"; stderr ends:\n{tail}" if tail.strip() else "; stderr is empty"
 
 
+def _store_space(path: Path) -> tuple[int, int, int]:
+    """The store's free bytes, its reserve, and its size."""
+    free, reserve = store_room(str(path))
+    vfs = os.statvfs(path)
+    return free, reserve, vfs.f_blocks * vfs.f_frsize
+
+
 def _killpg(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def _tail(fd: int, offset: int, limit: int) -> str:
-    """The end of what was written to `fd` since `offset`, read back through the worker's own
-    descriptor: never through whatever the program has put at the log's name since."""
-    try:
-        size = os.fstat(fd).st_size
-        start = max(offset, size - limit)
-        return os.pread(fd, limit, start).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def _signal_name(signum: int) -> str:
