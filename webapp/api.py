@@ -382,4 +382,15 @@ def queues(request):
         for worker in workers:
             worker["degraded"] = degraded.get(worker.get("hostname"))
             worker["drained"] = drained.get(worker.get("hostname"))
+        if not request.user.is_staff:
+            workers = [_without_staff_fields(worker) for worker in workers]
     return Response({"tiers": tiers, "workers": workers})
+
+
+# What of a worker's heartbeat only staff see. A process id tells a user which process on the host
+# to aim at (signals, /proc) and nothing they need to use the queue; host names stay public.
+STAFF_ONLY_WORKER_FIELDS = frozenset({"pid"})
+
+
+def _without_staff_fields(worker: dict) -> dict:
+    return {key: value for key, value in worker.items() if key not in STAFF_ONLY_WORKER_FIELDS}

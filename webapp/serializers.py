@@ -312,7 +312,7 @@ class QueuesSerializer(serializers.Serializer):
         allow_null=True,
         help_text="The live workers' latest heartbeats, each with `degraded` (why, or null), `drained` (by "
         "whom, when and why, or null) and, for a GPU worker, `consuming` (whether it takes jobs now); "
-        "null when the broker cannot be read.",
+        "`pid` (the worker's process id) for staff only; null when the broker cannot be read.",
     )
 
 

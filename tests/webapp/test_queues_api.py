@@ -1,0 +1,28 @@
+"""GET /api/queues against a real GPU worker: what every logged-in user sees of the live workers,
+and what only staff see."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import token_auth
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the worker process reads committed rows
+
+
+def test_only_staff_see_the_process_ids_of_the_workers(client, start_workers, bob, carol):
+    # Given one real GPU worker, announcing itself with its process id
+    workers = start_workers(gpus=1)
+    pids = set(workers.worker_pids())
+
+    # When bob, who is not staff, and carol, who is, read the queues
+    seen_by_bob = client.get("/api/queues", **token_auth(bob)).json()["workers"]
+    seen_by_carol = client.get("/api/queues", **token_auth(carol)).json()["workers"]
+
+    # Then both see the same workers by name and host, and only carol sees their process ids
+    gpu_workers = [w for w in seen_by_bob if w.get("gpu") is not None]
+    assert [w["hostname"] for w in gpu_workers] == [w["hostname"] for w in seen_by_carol if w.get("gpu") is not None]
+    assert gpu_workers and all(w["host"] for w in gpu_workers)
+    assert all("pid" not in w for w in seen_by_bob), seen_by_bob
+    assert {w["pid"] for w in seen_by_carol if w.get("gpu") is not None} <= pids
+    assert all(isinstance(w["pid"], int) for w in seen_by_carol)
