@@ -13,6 +13,7 @@ from functools import cached_property
 
 from django.conf import settings
 from django.db import close_old_connections
+from django.db.models import F
 from redis import RedisError
 
 from clockq.bus import free_gpus, heartbeat, signals
@@ -189,15 +190,28 @@ class Runtime:
         self.storage_works()
         return False
 
+    def count_storage_fault(self, job_id: int) -> int | None:
+        """A write of this job's failed: probe the store with a small synced write. If it takes
+        that, the store works for others and the fault counts toward the job (how many it has
+        met now); if not, the store itself fails, and nothing is counted (None)."""
+        try:
+            self.store.probe(0)
+        except StorageError:
+            return None
+        Job.objects.filter(pk=job_id).update(storage_faults=F("storage_faults") + 1)
+        return Job.objects.filter(pk=job_id).values_list("storage_faults", flat=True).first()
+
     def persist_failed(self, persist: Persist, exc: StorageError) -> None:
         """A checkpoint the database already names could not be written (in the background, after
         the job left this GPU). The job resumes from the generation before it; its history says
         why, and the name is taken off the job if no one has moved on since, so that the next
-        claim does not wait for a file that will never come."""
-        self.storage_failed(str(exc))
+        claim does not wait for a file that will never come. The fault is counted toward the job
+        if the store takes other writes (its next claim fails it past the limit)."""
         job_id, name = persist.job_id, persist.name
         previous = persist.keep[1] if len(persist.keep) > 1 else None
         try:
+            if self.count_storage_fault(job_id) is None:
+                self.storage_failed(str(exc))
             Job.objects.filter(pk=job_id, checkpoint_files=list(persist.keep)).update(
                 checkpoint_files=list(persist.keep[1:])
             )

@@ -14,6 +14,7 @@ import time
 from contextlib import nullcontext
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from clockq.bus import signals
@@ -28,7 +29,7 @@ from workers.run.boundary import SliceBoundary
 from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob, claim_job, give_back, take_handed_over, take_warm_next
 from workers.run.errors import LostOwnership, SliceFailed, workload_errors
-from workers.run.failures import SliceFailures
+from workers.run.failures import SliceFailures, StorageFollowsJob
 from workers.run.metrics_recorder import MetricsRecorder
 from workers.run.outcome import RunOutcome
 from workers.run.restore import Restore, close_workload
@@ -147,6 +148,9 @@ class JobRun:
         """Restore the workload, then slice after slice: step it, and decide at the boundary."""
         self.runtime.leases.hold(self.job_id, self.token)
         record = self.steps.plan()
+        if self.job.storage_faults >= settings.CLOCKQ_JOB_STORAGE_FAULTS:
+            # Counted in the background (a persist after it left a GPU): it fails here, unrun.
+            return self.failures.fail_at_once(StorageFollowsJob(self.job.storage_faults), record)
         workload = None
         keep_warm = False
         try:

@@ -153,8 +153,8 @@ class Job(models.Model):
     # it while the job ran (workers/storage_watch.py): it counts toward the owner's quota.
     work_bytes = models.PositiveBigIntegerField(default=0)
     work_files = models.PositiveIntegerField(default=0)
-    # Storage faults met by this job's claims in a row, none stored in between: past
-    # CLOCKQ_JOB_STORAGE_FAULTS, the fault is the job's (workers/run/failures.py).
+    # Storage faults met by this job's writes while the store took others (a small probe): at
+    # CLOCKQ_JOB_STORAGE_FAULTS, the fault is the job's and it fails (workers/run/failures.py).
     storage_faults = models.PositiveIntegerField(default=0)
     dispatch_token = models.CharField(max_length=32, default=new_token)
     dispatched_at = models.DateTimeField(null=True, blank=True)

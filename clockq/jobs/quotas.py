@@ -149,6 +149,12 @@ def check_submit(user, declared_state_bytes: int = 0, count: int = 1) -> None:
 def check_checkpoint(job_id: int, owner_id: int, new_bytes: int) -> None:
     """Raise QuotaExceeded if keeping a checkpoint of `new_bytes` for this job would put its owner
     over their storage limit."""
+    job_cap = settings.CLOCKQ_JOB_STORAGE_MB * MB
+    if KEPT_GENERATIONS * new_bytes > job_cap:
+        raise QuotaExceeded(
+            f"quota: a checkpoint of {new_bytes / MB:.1f} MB, kept in {KEPT_GENERATIONS} generations, is over the "
+            f"limit of {job_cap / MB:,.0f} MB for one job (CLOCKQ_JOB_STORAGE_MB)"
+        )
     owner = get_user_model().objects.get(pk=owner_id)
     limits = limits_of(owner)
     others = checkpoint_bytes_of(owner_id, excluding_job=job_id)

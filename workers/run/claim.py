@@ -61,6 +61,7 @@ class ClaimedJob:
     checkpoint_bytes: int
     util_ewma: float | None
     switch_cost_ms: float | None
+    storage_faults: int  # met while the store took other writes (Runtime.count_storage_fault)
 
     FIELDS: ClassVar[tuple[str, ...]] = (
         "id",
@@ -80,6 +81,7 @@ class ClaimedJob:
         "checkpoint_bytes",
         "util_ewma",
         "switch_cost_ms",
+        "storage_faults",
     )
 
 

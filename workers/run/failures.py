@@ -2,8 +2,9 @@
 
 How it ends depends on whose fault it was. The workload raised: the job is retried from that
 checkpoint, up to CLOCKQ_MAX_RETRIES, then fails. The checkpoint storage failed: the job goes
-back to its queue uncharged, and this worker backs off. The job cannot run as things are (over
-its owner's quota, or refused here): it fails at once.
+back to its queue uncharged, and this worker backs off, unless the fault has followed the job
+(CLOCKQ_JOB_STORAGE_FAULTS claims in a row): then it is the job's, and the job fails. The job
+cannot run as things are (over its owner's quota, or refused here): it fails at once.
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ from workers.run.steps import SliceRecord
 from workers.runtime import Runtime
 
 log = logging.getLogger("clockq.slices")
+
+
+class StorageFollowsJob(Exception):
+    """The store failed this job's writes CLOCKQ_JOB_STORAGE_FAULTS times while it took others."""
+
+    def __init__(self, faults: int):
+        super().__init__(
+            f"the checkpoint storage failed under this job {faults} times while it took other writes "
+            f"(CLOCKQ_JOB_STORAGE_FAULTS={settings.CLOCKQ_JOB_STORAGE_FAULTS}): the fault follows the job, "
+            "so it is the job's; its last good checkpoint is kept"
+        )
 
 
 class SliceFailures:
@@ -81,26 +93,56 @@ class SliceFailures:
 
     def after_storage_fault(self, exc: StorageError, record: SliceRecord) -> RunOutcome:
         """The checkpoint storage failed: the job goes back to its queue from its last good
-        checkpoint, its failure count untouched, and this worker backs off."""
+        checkpoint, its failure count untouched, and this worker backs off.
+
+        Unless the fault follows the job. Right after the fault, the store is probed with a
+        small synced write (Runtime.count_storage_fault): if it takes that, it works for everyone
+        but this job (a state it has no room for, say), and the fault counts toward the job; if
+        not, the store is failing and nothing is counted. At CLOCKQ_JOB_STORAGE_FAULTS counted
+        faults the fault is the job's: it fails, and the worker, whose store works, is not
+        marked degraded for it."""
         log.warning("job %s: %s", self.job_id, exc)
         self.roll_back()
-        reason = (
-            f"checkpoint storage failed ({exc}); not counted against the job, "
-            f"back in the queue from checkpoint generation {self.checkpoints.saved_generation()}"
-        )
+        counted = self.runtime.count_storage_fault(self.job_id)
+        store_works = counted is not None
+        faults = counted or 0
+        limit = settings.CLOCKQ_JOB_STORAGE_FAULTS
+        the_jobs = faults >= limit
+        generation = self.checkpoints.saved_generation()
+        if the_jobs:
+            to, outcome = JobState.FAILED, RunOutcome.FAILED
+            reason = (
+                f"the checkpoint storage failed under this job {faults} times while it took other "
+                f"writes (CLOCKQ_JOB_STORAGE_FAULTS={limit}): the fault follows the job, so it is the job's; "
+                f"its last good checkpoint is generation {generation}: {exc}"
+            )
+            extra: dict[str, Any] = {"last_error": reason, "finished_at": timezone.now()}
+        else:
+            to, outcome = JobState.QUEUED, RunOutcome.STORAGE_FAULT
+            following = (
+                f"storage fault {faults} of {limit} met while the store took other writes"
+                if store_works
+                else "the store takes no writes at all"
+            )
+            reason = (
+                f"checkpoint storage failed ({exc}); not charged to the job's retries ({following}), "
+                f"back in the queue from checkpoint generation {generation}"
+            )
+            extra = {}
         try:
             self.writes.end(
                 record,
                 SliceOutcome.FAULT,
-                JobState.QUEUED,
+                to,
                 reason[:1000],
-                {},
+                extra,
                 rolled_back_to=self.checkpoints.saved_generation_number(),
             )
         except LostOwnership:
             return RunOutcome.LOST_OWNERSHIP
-        self.runtime.storage_failed(str(exc))
-        return RunOutcome.STORAGE_FAULT
+        if not the_jobs:
+            self.runtime.storage_failed(str(exc))
+        return outcome
 
     def fail_at_once(self, exc: Exception, record: SliceRecord) -> RunOutcome:
         """The job cannot run as things are: its state outgrew its owner's storage quota, or this
