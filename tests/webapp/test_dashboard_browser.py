@@ -151,6 +151,12 @@ def test_every_chart_draws_from_local_files_and_refreshes_in_place(watched_page,
     assert reason in shown and hover.locator("tspan.line").count() > 1, shown
     box, chart = hover.bounding_box(), timeline.bounding_box()
     assert chart["x"] <= box["x"] and box["x"] + box["width"] <= chart["x"] + chart["width"]
+    # A GPU's hover names its line by the trace's own (escaped) name.
+    page.mouse.move(0, 0)
+    hover_over(page, page.locator("#chart-gpus .scatterlayer .point").first)
+    gpu_hover = page.locator("#chart-gpus .hoverlayer .hovertext")
+    gpu_hover.wait_for()
+    assert re.fullmatch(r"GPU [01] · gpu[01]@host busy: \d+%", gpu_hover.text_content()), gpu_hover.text_content()
 
     # It refreshes by itself, redrawing the same plot in place: no reload.
     page.evaluate("window.notReloaded = true")
@@ -239,6 +245,49 @@ def test_a_burst_shows_in_the_queue_chart_and_the_threshold_labels_stand_apart(w
     page.wait_for_function("Number(document.body.dataset.refreshes) >= 1")
     assert page.get_by_label("Window").input_value() == "60"
     assert page.evaluate("document.getElementById('chart-queue').data[0].y.length") >= 8
+
+    assert outside == [], f"the page reached for the internet: {outside}"
+    assert errors == []
+
+
+MARKUP_NAME = '<b>bold</b><span style="color:red">x</span>'
+
+
+def hover_over(page, element) -> None:
+    """Move the mouse onto `element` as a person would: Plotly hovers on its own mouse moves."""
+    element.scroll_into_view_if_needed()
+    box = element.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x - 5, y)
+    page.mouse.move(x, y, steps=5)
+
+
+def test_a_job_name_made_of_markup_shows_as_its_own_text_in_the_timeline(watched_page, alice, carol):
+    # Given a job of alice's whose name is Plotly markup, that ran a slice on GPU 0 and was promoted
+    job = submit(alice, tier="SP", name=MARKUP_NAME)
+    start = timezone.now() - timedelta(seconds=20)
+    make_slice(job, GPU0, start, 5_000, "completed")
+    make_event(job, start - timedelta(seconds=1), "promoted SP -> HP: not started in 3 rounds", actor="promotion tick")
+    page, outside, errors = watched_page
+    log_in(page, "/accounts/login/?next=/dashboard", "carol", "carol-pass-123")
+    page.wait_for_url(re.compile(r"/dashboard$"))
+    page.wait_for_function("Number(document.body.dataset.refreshes) >= 1")
+    timeline = page.locator("#chart-timeline")
+    hover = timeline.locator(".hoverlayer .hovertext")
+
+    # When carol hovers over its bar, then over its promotion
+    for target in (timeline.locator(".barlayer .point path").first, timeline.locator(".scatterlayer .point").last):
+        hover_over(page, target)
+        hover.wait_for()
+
+        # Then the hover shows the name as it was typed, and no bold or red text is made from it
+        shown = "".join(hover.locator("tspan.line").all_text_contents())
+        assert f"#{job.pk} {MARKUP_NAME}" in shown, shown
+        styles = hover.locator("tspan").evaluate_all("(spans) => spans.map((s) => s.getAttribute('style') || '')")
+        assert not [s for s in styles if "bold" in s or "red" in s], styles
+        page.mouse.move(0, 0)
+        hover.wait_for(state="detached")
+    assert timeline.locator("tspan[style*='bold']").count() == 0
 
     assert outside == [], f"the page reached for the internet: {outside}"
     assert errors == []

@@ -3,24 +3,10 @@
 (function () {
   "use strict";
 
-  // Plotly's hover labels do not wrap, so a long line (a promotion's full reason) ran off the
-  // chart and was cut mid-sentence. Break it at spaces into lines of at most `width` characters,
-  // escaping what Plotly would read as markup (job names are the users' own text).
-  function hoverLines(text, width = 72) {
-    const escaped = String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-    const lines = [];
-    let line = "";
-    for (const word of escaped.split(" ")) {
-      if (line && line.length + 1 + word.length > width) {
-        lines.push(line);
-        line = word;
-      } else {
-        line = line ? line + " " + word : word;
-      }
-    }
-    lines.push(line);
-    return lines.join("<br>");
-  }
+  // Every name, reason and username a chart shows goes through these (plotly_text.js): Plotly
+  // would read markup in them.
+  const plain = window.clockqPlotText.plain;
+  const hoverLines = window.clockqPlotText.lines;
 
   const config = JSON.parse(document.getElementById("dashboard-config").textContent);
   const minutesSelect = document.getElementById("dash-minutes");
@@ -91,7 +77,7 @@
   }
 
   function emptyNote(text) {
-    return [{ text: text, xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false, font: { color: "#57606a" } }];
+    return [{ text: plain(text), xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false, font: { color: "#57606a" } }];
   }
 
   // --- tiles -------------------------------------------------------------------------------
@@ -329,7 +315,7 @@
       .sort((a, b) => gpus[a].index - gpus[b].index || (a < b ? -1 : 1))
       .forEach((worker, n) => {
         const colour = palette[n % palette.length];
-        const name = "GPU " + gpus[worker].index + " · " + worker;
+        const name = plain("GPU " + gpus[worker].index + " · " + worker);
         const line = (series, label, dash) => ({
           type: "scatter",
           mode: "lines+markers",
@@ -340,7 +326,8 @@
           y: series.y,
           connectgaps: false,
           line: { color: colour, dash: dash, width: 2 },
-          hovertemplate: name + " " + label + ": %{y:.0f}%<extra></extra>",
+          // The trace's name, not the name pasted in: a template reads %{...} in it as a field.
+          hovertemplate: "%{fullData.name}: %{y:.0f}%<extra></extra>",
         });
         if (gpus[worker].busy.x.length) traces.push(line(gpus[worker].busy, "busy", "solid"));
         if (gpus[worker].util.x.length) traces.push(line(gpus[worker].util, "utilisation", "dot"));
@@ -463,7 +450,7 @@
         name: "forecast (at its target time)",
         x: load.forecasts.map((f) => f.t),
         y: load.forecasts.map((f) => f.value),
-        text: load.forecasts.map((f) => f.model + ", made " + f.made.slice(11, 19)),
+        text: load.forecasts.map((f) => plain(f.model + ", made " + f.made.slice(11, 19))),
         line: { color: "#9467bd", dash: "dot" },
         marker: { size: 4 },
         hovertemplate: "%{x}: %{y:.2f} (%{text})<extra>forecast</extra>",
@@ -502,13 +489,14 @@
     const colour = colourOf(data.tiers);
     const tl = data.timeline;
     const rowOf = {};
-    tl.workers.forEach((w) => (rowOf[w.worker] = w.gpu === null ? w.worker : "GPU " + w.gpu + " · " + w.worker));
-    const row = (worker) => rowOf[worker] || worker;
+    // A row's name is a tick label, which Plotly reads as markup too.
+    tl.workers.forEach((w) => (rowOf[w.worker] = plain(w.gpu === null ? w.worker : "GPU " + w.gpu + " · " + w.worker)));
+    const row = (worker) => rowOf[worker] || plain(worker);
     const rows = [PROMOTIONS_ROW].concat(tl.workers.map((w) => row(w.worker)));
     const byTier = {};
     tl.bars.forEach((bar) => (byTier[bar.tier] = byTier[bar.tier] || []).push(bar));
     const hover = (b) =>
-      "#" + b.job + " " + b.name + "<br>" + b.tier + (b.ran_in !== b.tier ? " (ran in " + b.ran_in + ")" : "") +
+      "#" + b.job + " " + plain(b.name) + "<br>" + b.tier + (b.ran_in !== b.tier ? " (ran in " + b.ran_in + ")" : "") +
       " · " + b.outcome + (b.preempted ? ", preempted by RT or HP" : "") + "<br>" + b.ms + " ms · " + b.slices + " slice(s)";
     const traces = data.tiers
       .filter((t) => byTier[t.code])

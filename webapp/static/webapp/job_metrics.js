@@ -7,8 +7,9 @@
   if (!chart || !window.Plotly) return;
 
   function draw(data) {
+    // A legend entry is read as Plotly markup: the job names its metrics (plotly_text.js).
     const traces = Object.entries(data.metrics).map(([name, curve]) => ({
-      name: name,
+      name: window.clockqPlotText.plain(name),
       x: curve.points.map((p) => p[0]),
       y: curve.points.map((p) => p[1]),
       mode: "lines",
