@@ -366,6 +366,17 @@ CLOCKQ_ADMIN_PASSWORD = env_or_file("CLOCKQ_ADMIN_PASSWORD")
 CLOCKQ_MAX_RETRIES = env_int("CLOCKQ_MAX_RETRIES", 3, min_value=0, max_value=100)
 # A job that keeps running in continued slices still checkpoints this often, so a crash or a
 # failing step loses at most this much work.
+# The cache's bounds (workers/data_cache.py): its key space is the users' (a dataset per seed),
+# and it lies by default on the disk of the database and the broker's append-only file. It holds
+# at most CLOCKQ_CACHE_MB, least recently used entries dropped first: 2 GiB holds seven of the
+# largest datasets (4,000,000 examples, 272 MB), a few GPUs' jobs at that size and hundreds at
+# common ones (a miss costs a rebuild, at most 8 s of CPU), and is small beside a disk that
+# holds a database. It never leaves its disk with less than CLOCKQ_CACHE_RESERVE_PERCENT of its size free,
+# and gives room back when something else fills the disk: 10 %, twice the checkpoint store's,
+# because a Redis AOF rewrite or a SQLite checkpoint writes a second copy on this disk. A
+# dataset the cache has no room for is built and kept in memory only. CLOCKQ_CACHE_MB=0: no cache.
+CLOCKQ_CACHE_MB = env_int("CLOCKQ_CACHE_MB", 2048, min_value=0)
+CLOCKQ_CACHE_RESERVE_PERCENT = env_float("CLOCKQ_CACHE_RESERVE_PERCENT", 10.0, min_value=0.0, max_value=90.0)
 CLOCKQ_CHECKPOINT_EVERY_S = env_float("CLOCKQ_CHECKPOINT_EVERY_S", 60.0, min_value=0.0, max_value=86400.0)
 # A queued job whose message has been missing from the broker this long is dispatched again.
 CLOCKQ_REDISPATCH_GRACE_S = env_float("CLOCKQ_REDISPATCH_GRACE_S", 10.0, min_value=0.0, max_value=3600.0)

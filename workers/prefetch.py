@@ -8,7 +8,9 @@ Any host may claim them, so every host prefetches the head of the queues; the co
 space, which is what a quiet cluster has to spare.
 
 It runs in the `gpuworkers` supervisor, one thread per host, and calls only the built-in
-workloads' `prefetch` (a `command` job has none: its program is not ours to run early).
+workloads' `prefetch` (a `command` job has none: its program is not ours to run early). Each
+pass, prefetch on or off, it first trims the host's cache to its bounds (workers/data_cache.py),
+so that the cache gives room back when something else fills its disk.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from django.db import close_old_connections
 from clockq.control_state import control
 from clockq.jobs.models import Job
 from clockq.policy.states import JobState
+from workers.data_cache import CacheBounds, DataCache
 from workers.gpus import Gpu
 from workers.workloads import registry
 from workers.workloads.base import Workload
@@ -78,6 +81,7 @@ class Prefetcher(threading.Thread):
         while not self.stopping.wait(self.every_s):
             try:
                 close_old_connections()
+                DataCache(self.cache_dir, CacheBounds.from_settings()).trim()
                 prefetch_once(self.gpus, self.cache_dir, self.per_gpu)
             except Exception:
                 log.exception("prefetch pass failed; trying again in %s s", self.every_s)

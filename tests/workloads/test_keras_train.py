@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from clockq.jobs import workloads
+from tests.helpers import submit, wait_finished
+from workers.data_cache import MB
 from workers.workloads.base import RunContext
-from workers.workloads.keras_train import KerasTrainWorkload, generated_batch
+from workers.workloads.keras_train import KerasTrainWorkload, dataset_bytes, generated_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,3 +122,18 @@ def test_the_result_is_the_trained_model_that_keras_loads(tmp_path):
             np.testing.assert_array_equal(got, want)
         x, _y = generated_batch(3, 0, 4)
         np.testing.assert_array_equal(model.predict_on_batch(x), straight.model.predict_on_batch(x))
+
+
+def test_two_jobs_with_new_seeds_do_not_grow_the_hosts_cache_by_two_datasets(start_workers, alice, tmp_path):
+    # Given a GPU host whose data cache holds 2 MB: one dataset of 20,000 examples (1.36 MB).
+    examples = 20_000
+    assert MB < dataset_bytes(examples) <= 2 * MB < 2 * dataset_bytes(examples)
+    cache = tmp_path / "cache"
+    start_workers(1, CLOCKQ_CACHE_DIR=str(cache), CLOCKQ_CACHE_MB="2", CLOCKQ_PREFETCH_EVERY_S="0")
+    # When alice trains twice on a dataset, each time with a new seed,
+    params = {"steps": 2, "batch_size": 8, "hidden": 4, "dataset_examples": examples}
+    jobs = [submit(alice, "SP", f"seed {seed}", "keras_train", seed=seed, **params) for seed in (101, 102)]
+    # then both train, and the cache holds one dataset, not two.
+    assert [j.state for j in wait_finished(*jobs, timeout=180)] == ["succeeded", "succeeded"]
+    entries = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 1 and sum(p.stat().st_size for p in entries) <= 2 * MB, entries
