@@ -10,8 +10,9 @@ mounted with prjquota), so the worker measures, from a thread of its own while t
   (what a copy takes: a 3 GiB sparse file counts 3 GiB, although it has no blocks) and its
   allocated blocks (fallocate can allocate past a file's end). The walk stops as soon as it has
   seen too much, so a folder of millions of files costs no more than its limit.
-- **The store's free space**, with one statvfs every CHECK_EVERY_S: when it drops by more than
-  a share of what the job has left, a write is under way and the walk runs at once; otherwise
+- **The store's free space and free inodes**, with one statvfs every CHECK_EVERY_S: when either
+  drops by more than a share of what the job has left, a write is under way and the walk runs
+  at once; otherwise
   every WALK_EVERY_S, spaced further when walks are slow (a big folder), so that watching never
   takes more than a tenth of a core.
 - **The reserve**: the store keeps CLOCKQ_STORE_RESERVE_PERCENT free for checkpoints and
@@ -40,11 +41,12 @@ from clockq.jobs.quotas import MB, Allowance
 
 log = logging.getLogger("clockq.storage_watch")
 
-CHECK_EVERY_S = 0.05
+CHECK_EVERY_S = 0.01  # a statvfs: microseconds, so a write is noticed within this
 WALK_EVERY_S = 1.0
 WALK_SHARE = 0.1  # the most of a core the walks may take: the next waits 1/WALK_SHARE its time
 TRIGGER_SHARE = 0.25  # of what is left: a drop of the store's free space by this much walks now
 MIN_TRIGGER_BYTES = 1 * MB
+MIN_TRIGGER_FILES = 100
 
 
 class JobStorage:
@@ -107,6 +109,12 @@ def store_room(path: str) -> tuple[int, int]:
     vfs = os.statvfs(path)
     size = vfs.f_blocks * vfs.f_frsize
     return vfs.f_bavail * vfs.f_frsize, int(size * settings.CLOCKQ_STORE_RESERVE_PERCENT / 100)
+
+
+def _free_space(path: str) -> tuple[int, int]:
+    """The store's free bytes and free inodes (0 where it does not count them)."""
+    vfs = os.statvfs(path)
+    return vfs.f_bavail * vfs.f_frsize, vfs.f_favail
 
 
 class StorageWatch:
@@ -177,16 +185,20 @@ class StorageWatch:
 
     def _watch(self) -> None:
         last_walk = 0.0
-        free_then, _ = store_room(self.store)
+        free_then, inodes_then = _free_space(self.store)
         while not self._stop.is_set():
             now = time.monotonic()
-            free, _ = store_room(self.store)
-            free_then = max(free_then, free)  # a drop counts from the most it had since the walk
+            free, inodes = _free_space(self.store)
+            # A drop counts from the most there was since the last walk.
+            free_then, inodes_then = max(free_then, free), max(inodes_then, inodes)
             left = max(0, self.max_folder_bytes - self.usage.bytes)
+            files_left = max(0, self.allowance.max_files - self.usage.files)
             trigger = max(MIN_TRIGGER_BYTES, int(min(left, free) * TRIGGER_SHARE))
-            if free_then - free > trigger or now - last_walk >= self._walk_gap_s:
+            files_trigger = max(MIN_TRIGGER_FILES, int(files_left * TRIGGER_SHARE))
+            writing = free_then - free > trigger or inodes_then - inodes > files_trigger
+            if writing or now - last_walk >= self._walk_gap_s:
                 reason = self.check()
-                last_walk, free_then = time.monotonic(), free
+                last_walk, free_then, inodes_then = time.monotonic(), free, inodes
                 if reason:
                     self.over = reason
                     self.on_over(reason)
