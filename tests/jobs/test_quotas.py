@@ -95,3 +95,35 @@ def test_the_admin_lists_quotas_with_their_defaults(admin_client, alice, setting
     UserQuota.objects.create(user=alice, max_active_jobs=7)
     page = admin_client.get("/admin/jobs/userquota/").content.decode()
     assert "alice" in page and "CLOCKQ_QUOTA_ACTIVE_JOBS" in page and str(settings.CLOCKQ_QUOTA_CHECKPOINT_MB) in page
+
+
+def test_a_running_jobs_work_folder_counts_toward_its_owners_storage(client, alice, settings):
+    settings.CLOCKQ_QUOTA_CHECKPOINT_MB = 100
+    running = submit(alice, "BK", "writer", steps=1)
+    # As the worker measured it while the program ran (workers/storage_watch.py).
+    Job.objects.filter(pk=running.pk).update(work_bytes=99 * 10**6, work_files=10)
+
+    refused = post(client, job_body("next", state_kb=1000), token_auth(alice))
+
+    assert refused.status_code == 400, refused.json()
+    assert "hold 99 MB of storage" in json.dumps(refused.json())
+
+
+def test_a_jobs_allowance_is_the_tighter_of_its_own_cap_and_what_its_owners_quota_leaves(alice, settings):
+    from clockq.jobs.quotas import allowance_of
+
+    settings.CLOCKQ_QUOTA_CHECKPOINT_MB, settings.CLOCKQ_JOB_STORAGE_MB = 100, 50
+    settings.CLOCKQ_QUOTA_FILES, settings.CLOCKQ_JOB_FILES = 1000, 5000
+    job, other = submit(alice, "BK", "job", steps=1), submit(alice, "BK", "other", steps=1)
+
+    allowance = allowance_of(job.pk)
+    assert allowance.max_bytes == 50 * 10**6 and "CLOCKQ_JOB_STORAGE_MB" in allowance.bytes_limit
+    assert allowance.max_files == 1000 and "alice's quota of 1,000 files" in allowance.files_limit
+
+    # Her other job holds 70 MB (two generations of 30 MB and a 10 MB result) and 900 files:
+    Job.objects.filter(pk=other.pk).update(checkpoint_bytes=30 * 10**6, result_bytes=10 * 10**6, work_files=900)
+    allowance = allowance_of(job.pk)
+    assert (allowance.max_bytes, allowance.max_files) == (30 * 10**6, 100)
+    assert allowance.over(31 * 10**6, 0).endswith("(30.0 MB; their other jobs hold the rest)")
+    assert "over what alice's quota of 1,000 files leaves (100)" in allowance.over(0, 101)
+    assert allowance.over(30 * 10**6, 100) == ""

@@ -68,14 +68,14 @@ def work_dir(job) -> Path:
     return CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR).job_dir(job.pk) / "work"
 
 
-def assert_the_store_serves_the_next_job(owner) -> None:
-    """Another job, with a checkpoint and a result, runs to success on the same worker, which
-    never went degraded."""
+def assert_the_store_serves_the_next_job(owner, faults_before: int = 0) -> None:
+    """Another job, with a checkpoint and a result, runs to success on the same worker, which is
+    not degraded (any more), and no slice met a fault but those before."""
     after = submit(owner, "SP", "after", steps=20, step_ms=2, state_kb=64)
     (after,) = wait_finished(after, timeout=60)
     assert after.state == "succeeded" and after.result_files, after.last_error
     assert not heartbeat.degraded_workers()
-    assert not Slice.objects.filter(outcome="fault").exists()
+    assert Slice.objects.filter(outcome="fault").count() == faults_before
 
 
 def test_a_program_flooding_its_stdout_keeps_only_the_end_of_it_and_fills_nothing(start_workers, operator, store):
@@ -164,3 +164,19 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_a_storage_fault_that_follows_a_job_is_the_jobs_after_three(start_workers, alice, store):
+    # Checkpoints written at once (no snapshot memory), every second.
+    start_workers(gpus=1, CLOCKQ_CHECKPOINT_EVERY_S="1", CLOCKQ_SNAPSHOT_MEMORY_MB="0")
+    # A state larger than the whole store: every checkpoint of it fails, while the store takes
+    # every other write.
+    big = submit(alice, "SP", "big", steps=100_000, step_ms=5, state_kb=STORE_MB * 1200)
+
+    (big,) = wait_finished(big, timeout=120)
+
+    assert big.state == "failed" and big.failures == 0 and big.storage_faults == 3
+    assert "the fault follows the job, so it is the job's" in big.last_error, big.last_error
+    assert "CLOCKQ_JOB_STORAGE_FAULTS=3" in big.last_error
+    assert big.slices.filter(outcome="fault").count() == 3
+    assert_the_store_serves_the_next_job(alice, faults_before=3)

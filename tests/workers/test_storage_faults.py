@@ -43,6 +43,8 @@ def test_on_a_full_checkpoint_disk_the_running_job_keeps_its_gpu_and_switching_r
     (reason,) = health["checks"]["workers"]["degraded"].values()
     assert "No space left on device" in reason
     assert not Job.objects.filter(failures__gt=0).exists()
+    # A full store takes no write at all: its fault is not counted toward any job.
+    assert not Job.objects.filter(storage_faults__gt=0).exists()
 
     # And once the disk has room again, the jobs take turns again, and all finish, uncharged
     for filler in tiny_filesystem.glob("filler*"):
