@@ -64,14 +64,25 @@ class QueueTierAdmin(admin.ModelAdmin):
 class UserQuotaAdmin(admin.ModelAdmin):
     """Per-user limits. Users without a row here, and empty fields, get the defaults below."""
 
-    list_display = ["user", "max_active_jobs", "max_checkpoint_mb", "active_jobs", "checkpoint_mb_used"]
+    list_display = [
+        "user",
+        "max_active_jobs",
+        "max_checkpoint_mb",
+        "max_files",
+        "active_jobs",
+        "checkpoint_mb_used",
+        "files_used",
+    ]
     autocomplete_fields = ["user"]
 
     def changelist_view(self, request, extra_context=None):
         defaults = (
             f"Defaults: {settings.CLOCKQ_QUOTA_ACTIVE_JOBS} active jobs (CLOCKQ_QUOTA_ACTIVE_JOBS) and "
-            f"{settings.CLOCKQ_QUOTA_CHECKPOINT_MB} MB of checkpoints (CLOCKQ_QUOTA_CHECKPOINT_MB) per user; "
-            f"finished jobs' checkpoints are deleted after {settings.CLOCKQ_CHECKPOINT_RETENTION_S} s."
+            f"{settings.CLOCKQ_QUOTA_CHECKPOINT_MB} MB of storage (CLOCKQ_QUOTA_CHECKPOINT_MB: checkpoints, results "
+            f"and work folders) and {settings.CLOCKQ_QUOTA_FILES} files in work folders (CLOCKQ_QUOTA_FILES) per "
+            f"user, and at most {settings.CLOCKQ_JOB_STORAGE_MB} MB (CLOCKQ_JOB_STORAGE_MB) and "
+            f"{settings.CLOCKQ_JOB_FILES} files (CLOCKQ_JOB_FILES) per job; finished jobs' checkpoints and work "
+            f"folders are deleted after {settings.CLOCKQ_CHECKPOINT_RETENTION_S} s."
         )
         messages.info(request, defaults)
         return super().changelist_view(request, extra_context)
@@ -80,9 +91,13 @@ class UserQuotaAdmin(admin.ModelAdmin):
     def active_jobs(self, quota):
         return Job.objects.filter(owner=quota.user, state__in=quotas.ACTIVE).count()
 
-    @admin.display(description="checkpoint MB now")
+    @admin.display(description="storage MB now")
     def checkpoint_mb_used(self, quota):
         return round(quotas.checkpoint_bytes_of(quota.user_id) / quotas.MB, 1)
+
+    @admin.display(description="work-folder files now")
+    def files_used(self, quota):
+        return quotas.files_of(quota.user_id)
 
 
 class RecentRowsFormSet(BaseInlineFormSet):

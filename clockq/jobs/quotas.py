@@ -50,6 +50,11 @@ def checkpoint_bytes_of(owner_id: int, *, excluding_job: int | None = None) -> i
     return _usage_of(owner_id, excluding_job)[0]
 
 
+def files_of(owner_id: int) -> int:
+    """Files a user's jobs hold in their work folders, as the workers last measured them."""
+    return _usage_of(owner_id, None)[1]
+
+
 def _usage_of(owner_id: int, excluding_job: int | None) -> tuple[int, int]:
     """The bytes (as checkpoint_bytes_of counts them) and work-folder files a user's jobs hold."""
     jobs = Job.objects.filter(
