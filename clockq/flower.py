@@ -4,10 +4,13 @@ Flower 2 checks HTTP basic auth on every request (BaseHandler.get_current_user) 
 slows guessing: 50 wrong passwords took a second, and the right one still worked after ten
 wrong. clockq starts Flower through this module (`python -m clockq.flower [Flower's options]`),
 which is Flower's own command with one change: its application looks at a request's basic-auth
-login before any handler does, and a (username, address) that failed AXES_FAILURE_LIMIT times
-in a row is answered 429 for AXES_COOLOFF_TIME, the right password included, as django-axes
-does for the login page and the API. The count is kept in this process: a deployment runs one
-Flower, and a restart forgets it (the web's count is in the database).
+login before any handler does, and answers 429 for AXES_COOLOFF_TIME, the right password
+included, once a (username, source) failed AXES_FAILURE_LIMIT times in a row, as django-axes does
+for the login page and the API, or once a username failed CLOCKQ_FLOWER_USERNAME_FAILURE_LIMIT
+times from one kind of source (clockq/login_lockout.py). A source is the peer's address, or a
+job's uid for a job's connection from this host (clockq/login_source.py, the web's rule too). The
+counts are kept in this process: a deployment runs one Flower, and a restart forgets them (the
+web's are in the database).
 """
 
 from __future__ import annotations
@@ -19,67 +22,18 @@ import logging
 import math
 import signal
 import sys
-import time
 from base64 import b64decode
-from collections.abc import Callable
-from dataclasses import dataclass
 
+import tornado.httputil
 import tornado.web
 from flower import command
 from flower.app import Flower
 
 from clockq.celery import app as celery_app
+from clockq.login_lockout import LockScope, LoginLockout, Refusal
+from clockq.login_source import LoginSource, login_source
 
 log = logging.getLogger("clockq.flower")
-
-
-@dataclass
-class _Failures:
-    count: int
-    last_at: float
-
-
-class LoginLockout:
-    """Failed logins per key (username, address). After `limit` in a row, the key is locked for
-    `window_s` from the last of them, whatever is presented; then it starts again from none. A
-    success resets the count. Failures older than `window_s` are forgotten."""
-
-    MAX_KEYS = 10_000  # a guesser cycling usernames cannot grow this without bound
-
-    def __init__(self, limit: int, window_s: float, clock: Callable[[], float] = time.monotonic):
-        self.limit = limit
-        self.window_s = window_s
-        self.clock = clock
-        self._failures: dict[tuple[str, str], _Failures] = {}
-
-    def locked_for_s(self, key: tuple[str, str]) -> float:
-        """Seconds until `key` may log in again; 0 when it may now."""
-        failures = self._failures.get(key)
-        if failures is None or failures.count < self.limit:
-            return 0.0
-        left = failures.last_at + self.window_s - self.clock()
-        if left <= 0:
-            del self._failures[key]
-            return 0.0
-        return left
-
-    def failed(self, key: tuple[str, str]) -> None:
-        now = self.clock()
-        failures = self._failures.get(key)
-        if failures is None or now - failures.last_at >= self.window_s:
-            if len(self._failures) >= self.MAX_KEYS:
-                self._forget_unlocked(now)
-            failures = self._failures[key] = _Failures(0, now)
-        failures.count += 1
-        failures.last_at = now
-
-    def succeeded(self, key: tuple[str, str]) -> None:
-        self._failures.pop(key, None)
-
-    def _forget_unlocked(self, now: float) -> None:
-        self._failures = {
-            key: f for key, f in self._failures.items() if f.count >= self.limit and now - f.last_at < self.window_s
-        }
 
 
 def basic_credentials(header: str) -> str | None:
@@ -96,20 +50,32 @@ def basic_credentials(header: str) -> str | None:
 class LockedOut(tornado.web.RequestHandler):
     """The answer to a locked-out login, whatever was asked."""
 
-    def initialize(self, retry_after_s: float):
-        self.retry_after_s = math.ceil(retry_after_s)
+    def initialize(self, refusal: Refusal):
+        self.refusal = refusal
 
     def check_xsrf_cookie(self):
         pass  # it changes nothing, and must answer 429 to a POST too
 
     def prepare(self):
+        retry_after_s = math.ceil(self.refusal.retry_after_s)
         self.set_status(429)
-        self.set_header("Retry-After", str(self.retry_after_s))
+        self.set_header("Retry-After", str(retry_after_s))
         self.set_header("Content-Type", "text/plain; charset=UTF-8")
         self.finish(
-            "Too many failed logins for this user from this address; "
-            f"try again in {math.ceil(self.retry_after_s / 60)} minute(s).\n"
+            f"Too many failed logins for {self.refusal.scope.value}; "
+            f"try again in {math.ceil(retry_after_s / 60)} minute(s).\n"
         )
+
+
+def request_source(request: tornado.httputil.HTTPServerRequest) -> LoginSource:
+    """The login source of a request, from its connection's two ends. Behind a proxy that Flower
+    trusts (--xheaders) the address is the one the proxy names, and its connection says nothing."""
+    address = request.remote_ip or ""
+    peer = getattr(request.connection.context, "address", None)
+    stream = getattr(request.connection, "stream", None)
+    if not isinstance(peer, tuple) or peer[0] != address or stream is None or stream.socket is None:
+        return login_source(address, None, None)
+    return login_source(address, peer[1], stream.socket.getsockname()[:2])
 
 
 class GuardedFlower(Flower):
@@ -123,17 +89,19 @@ class GuardedFlower(Flower):
     def find_handler(self, request, **kwargs):
         credentials = basic_credentials(request.headers.get("Authorization", ""))
         if credentials is not None and self.options.basic_auth:
-            key = (credentials.partition(":")[0], request.remote_ip or "")
-            locked_for_s = self.lockout.locked_for_s(key)
-            if locked_for_s:
-                return self.get_handler_delegate(request, LockedOut, {"retry_after_s": locked_for_s})
+            username, source = credentials.partition(":")[0], request_source(request)
+            refusal = self.lockout.refusal(username, source)
+            if refusal is not None:
+                return self.get_handler_delegate(request, LockedOut, {"refusal": refusal})
             # Flower's own comparison (flower/views/__init__.py), made once more here.
             if any(hmac.compare_digest(stored, credentials) for stored in self.options.basic_auth):
-                self.lockout.succeeded(key)
+                self.lockout.succeeded(username, source)
             else:
-                self.lockout.failed(key)
-                if self.lockout.locked_for_s(key):
-                    log.warning("Flower login of %r from %s locked out after repeated failures", *key)
+                self.lockout.failed(username, source)
+                refusal = self.lockout.refusal(username, source)
+                if refusal is not None:
+                    where = source if refusal.scope is LockScope.SOURCE else source.kind.value
+                    log.warning("Flower login of %r from %s locked out after repeated failures", username, where)
         return super().find_handler(request, **kwargs)
 
 
@@ -145,7 +113,12 @@ def main(argv: list[str]) -> None:
     command.apply_options(sys.argv[0], argv)
     command.extract_settings()
     command.setup_logging()
-    lockout = LoginLockout(settings.AXES_FAILURE_LIMIT, settings.AXES_COOLOFF_TIME.total_seconds())
+    lockout = LoginLockout(
+        usernames={login.partition(":")[0] for login in command.options.basic_auth or ()},
+        limit=settings.AXES_FAILURE_LIMIT,
+        username_limit=settings.CLOCKQ_FLOWER_USERNAME_FAILURE_LIMIT,
+        window_s=settings.AXES_COOLOFF_TIME.total_seconds(),
+    )
     flower_app = GuardedFlower(capp=celery_app, options=command.options, lockout=lockout, **command.settings)
     atexit.register(flower_app.stop)
     signal.signal(signal.SIGTERM, command.sigterm_handler)

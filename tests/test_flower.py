@@ -1,9 +1,13 @@
-"""The flower role (clockq/flower.py): repeated failed logins are locked out, and no page or API
-shows the broker's password. The integration tests run the real `python -m clockq.flower` and a
-real worker against a private Redis with a password, as `make run`'s embedded broker has."""
+"""The flower role (clockq/flower.py): repeated failed logins are locked out, a flood of made-up
+usernames does not flush the count, and no page or API shows the broker's password. The
+integration tests run the real `python -m clockq.flower` and a real worker against a private
+Redis with a password, as `make run`'s embedded broker has. The counts themselves are tried in
+tests/test_login_lockout.py, and a job's logins in tests/test_login_source.py."""
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import secrets
 import sys
@@ -11,67 +15,12 @@ import sys
 import pytest
 
 from clockq.celery import without_url_passwords
-from clockq.flower import LoginLockout, basic_credentials
+from clockq.flower import basic_credentials
 from tests.harness import ROOT, FlowerServer, RedisServer, Service, wait_for
 
 ADMIN = ("admin", "admin-pass-123")
 CAROL = ("carol", "carol-pass-123")
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-# --- the lockout, with time travel ----------------------------------------------------------
-
-KEY = ("carol", "10.0.0.7")
-
-
-def test_five_failures_in_a_row_lock_the_key_for_the_window_then_it_may_log_in_again():
-    clock = Clock()
-    lockout = LoginLockout(limit=5, window_s=900, clock=clock)
-    for _ in range(4):
-        lockout.failed(KEY)
-    assert lockout.locked_for_s(KEY) == 0
-    lockout.failed(KEY)
-    assert lockout.locked_for_s(KEY) == 900
-    clock.now += 899
-    assert lockout.locked_for_s(KEY) == 1
-    clock.now += 1
-    assert lockout.locked_for_s(KEY) == 0
-    lockout.failed(KEY)  # counting starts again from none
-    assert lockout.locked_for_s(KEY) == 0
-
-
-def test_a_success_resets_the_count_and_old_failures_are_forgotten():
-    clock = Clock()
-    lockout = LoginLockout(limit=3, window_s=60, clock=clock)
-    lockout.failed(KEY), lockout.failed(KEY), lockout.succeeded(KEY), lockout.failed(KEY)
-    assert lockout.locked_for_s(KEY) == 0
-    lockout.failed(KEY)
-    clock.now += 60
-    lockout.failed(KEY)
-    assert lockout.locked_for_s(KEY) == 0
-
-
-def test_the_lock_is_per_username_and_address():
-    lockout = LoginLockout(limit=1, window_s=60, clock=Clock())
-    lockout.failed(KEY)
-    assert lockout.locked_for_s(KEY) > 0
-    assert lockout.locked_for_s(("carol", "10.0.0.8")) == 0 and lockout.locked_for_s(("admin", "10.0.0.7")) == 0
-
-
-def test_a_guesser_cycling_usernames_cannot_grow_the_table_without_bound_nor_unlock_a_locked_key():
-    lockout = LoginLockout(limit=2, window_s=60, clock=Clock())
-    lockout.MAX_KEYS = 100
-    lockout.failed(KEY), lockout.failed(KEY)
-    for i in range(1000):
-        lockout.failed((f"user{i}", "10.0.0.9"))
-    assert len(lockout._failures) <= 100 and lockout.locked_for_s(KEY) > 0
+BOB = ("bob", "bob-pass-123")
 
 
 @pytest.mark.parametrize(
@@ -116,7 +65,7 @@ def broker(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def flower(broker, tmp_path_factory):
-    server = FlowerServer(dict([ADMIN, CAROL]), tmp_path_factory.mktemp("flower") / "flower.log").start(broker.url)
+    server = FlowerServer(dict([ADMIN, CAROL, BOB]), tmp_path_factory.mktemp("flower") / "flower.log").start(broker.url)
     yield server
     server.stop()
 
@@ -148,6 +97,40 @@ def test_ten_wrong_passwords_lock_the_login_out_and_the_right_one_is_refused_the
     # And another user from the same address still gets in
     assert flower.get("/api/workers", ADMIN)[0] == 200
     assert "locked out" in flower.log_path.read_text()
+
+
+def basic_auth_statuses(flower: FlowerServer, logins) -> list[int]:
+    """The status of one basic-auth request to Flower per (username, password) of `logins`, on one
+    kept-alive connection (a flood's pace)."""
+    connection = http.client.HTTPConnection("127.0.0.1", flower.port, timeout=30)
+    statuses = []
+    try:
+        for login in logins:
+            header = "Basic " + base64.b64encode(":".join(login).encode()).decode()
+            connection.request("GET", "/api/task/types", headers={"Authorization": header})
+            response = connection.getresponse()
+            response.read()
+            statuses.append(response.status)
+    finally:
+        connection.close()
+    return statuses
+
+
+@pytest.mark.slow  # 30,000 requests, about 30 s; tests/test_login_lockout.py has the same flood in 0.2 s
+@pytest.mark.integration
+def test_a_flood_of_junk_usernames_does_not_flush_bobs_count(flower):
+    # Given bob's login works
+    assert flower.get("/api/workers", BOB)[0] == 200
+    # When three rounds of 4 wrong passwords for him, each followed by 10,001 made-up usernames
+    # (one more than a table holds), come from one address
+    rounds = []
+    for r in range(3):
+        rounds.append(basic_auth_statuses(flower, [("bob", f"guess-{r}-{i}") for i in range(4)]))
+        junk = basic_auth_statuses(flower, [(f"junk-{r}-{i}", "x") for i in range(10_001)])
+        assert set(junk) <= {401, 429}
+    # Then his fifth failure locked him out, and the right password is refused too
+    assert rounds == [[401] * 4, [401] + [429] * 3, [429] * 4]
+    assert flower.get("/api/workers", BOB)[0] == 429
 
 
 @pytest.mark.integration
