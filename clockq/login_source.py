@@ -4,7 +4,7 @@ admin, basic auth on the API) and clockq/flower.py, through this one rule.
 A lockout keyed by address lets anyone who shares the address lock out everyone else on it. On
 this host the jobs' programs share it: with the host's network a command job's connections come
 from 127.0.0.1, as the admin's browser does, and from a network namespace of its own a job reaches
-the host through a helper (slirp4netns, pasta) that runs as the job's uid. Six wrong `admin`
+the host's other addresses through slirp4netns, which runs as the job's uid. Six wrong `admin`
 logins from a job locked the admin out of both for 15 minutes.
 
 So, for a connection from an address of this host, the lockout asks the kernel for the peer's
