@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from clockq_cli import render
+from clockq_cli import answers, render
 from clockq_cli.output import connect, console, emit_json, json_option
 
 
@@ -12,7 +12,7 @@ from clockq_cli.output import connect, console, emit_json, json_option
 @json_option
 def queues(as_json: bool) -> None:
     """Jobs waiting, running and held in each tier, and the live workers."""
-    answer = connect().get("/api/queues")
+    answer = connect(exact=as_json).get("/api/queues", shape=answers.QUEUES)
     if as_json:
         emit_json(answer)
     else:
@@ -23,7 +23,7 @@ def queues(as_json: bool) -> None:
 @json_option
 def gpus(as_json: bool) -> None:
     """The latest telemetry sample of every GPU in the cluster."""
-    answer = connect().get("/api/gpus")
+    answer = connect(exact=as_json).get("/api/gpus", shape=answers.GPUS)
     if as_json:
         emit_json(answer)
     else:

@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 import click
 
-from clockq_cli import render
+from clockq_cli import answers, render
 from clockq_cli.client import Api
 from clockq_cli.exits import CliError, ExitCode
 from clockq_cli.output import connect, console, emit_json, json_option, note
@@ -31,7 +31,7 @@ def _path(name: str, *rest: str) -> tuple[str, str]:
 @json_option
 def hosts(as_json: bool) -> None:
     """The GPU hosts, their workers, and which are drained."""
-    answer = connect().get("/api/hosts")
+    answer = connect(exact=as_json).get("/api/hosts", shape=answers.HOSTS)
     if as_json:
         emit_json(answer)
     else:
@@ -47,9 +47,9 @@ def drain(name: str, reason: str | None, wait: bool, as_json: bool) -> None:
     """Drain NAME, a host (`gpu-a`) or a GPU worker (`gpu0@gpu-a`): it stops taking jobs, and
     each job running there checkpoints and goes back to its queue. The drain holds across
     restarts until `clockq resume NAME`. With --wait, return once no job runs there."""
-    api = connect()
+    api = connect(exact=as_json)
     path, what = _path(name, "drain")
-    answer = api.post(path, {"reason": reason} if reason else None, what=what)
+    answer = api.post(path, {"reason": reason} if reason else None, shape=answers.HOST_OR_WORKER, what=what)
     if wait:
         answer = _wait_drained(api, name, answer, quiet=as_json)
     _show(answer, as_json)
@@ -62,7 +62,7 @@ def resume(name: str, as_json: bool) -> None:
     """Resume NAME, a drained host or GPU worker: it takes jobs again. A worker of a drained
     host resumes with its host."""
     path, what = _path(name, "resume")
-    _show(connect().post(path, what=what), as_json)
+    _show(connect(exact=as_json).post(path, shape=answers.HOST_OR_WORKER, what=what), as_json)
 
 
 def _show(answer: dict[str, Any], as_json: bool) -> None:
@@ -93,5 +93,5 @@ def _wait_drained(
             told = running
         sleep(delay)
         delay = min(delay * 1.5, MAX_POLL_S)
-        answer = api.get(path, what=what)
+        answer = api.get(path, shape=answers.HOST_OR_WORKER, what=what)
     return answer

@@ -8,7 +8,7 @@ from typing import IO, Any
 import click
 from rich.live import Live
 
-from clockq_cli import render
+from clockq_cli import answers, render
 from clockq_cli.client import Api, describe_refusal
 from clockq_cli.exits import CliError, ExitCode
 from clockq_cli.jobfile import entry_labels, read_jobs
@@ -33,7 +33,7 @@ def submit(job_file: IO[str], tier: str | None, wait: bool, as_json: bool) -> No
     none and every refused entry is named.
     """
     jobs = read_jobs(job_file, job_file.name, tier=tier)
-    api = connect()
+    api = connect(exact=as_json)
     created = _submit_batch(api, jobs)
     if wait:
         created = _wait(api, created, quiet=as_json)
@@ -50,7 +50,7 @@ def submit(job_file: IO[str], tier: str | None, wait: bool, as_json: bool) -> No
 
 def _submit_batch(api: Api, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     try:
-        return api.post("/api/jobs", jobs)
+        return api.post("/api/jobs", jobs, shape=answers.JOBS)
     except CliError as exc:
         if exc.body is None:
             raise
@@ -116,11 +116,11 @@ def jobs(
         params["tier"] = tier
     if user:
         params["owner"] = user
-    api = connect()
+    api = connect(exact=as_json)
     if watch:
         _watch(api, params, limit=limit, interval=interval, as_json=as_json)
         return
-    found, total = api.pages("/api/jobs", params, limit)
+    found, total = api.listing("/api/jobs", params, limit)
     if as_json:
         emit_json({"count": total, "jobs": found})
     else:
@@ -141,7 +141,7 @@ def _watch(api: Api, params: dict[str, str], *, limit: int, interval: float, as_
             live.start()
         while True:
             try:
-                found, total = api.pages("/api/jobs", params, limit)
+                found, total = api.listing("/api/jobs", params, limit)
             except CliError as exc:
                 if exc.exit_code != ExitCode.UNREACHABLE:
                     raise
@@ -169,12 +169,12 @@ def _watch(api: Api, params: dict[str, str], *, limit: int, interval: float, as_
 def cancel(job_ids: tuple[int, ...], as_json: bool) -> None:
     """Cancel jobs, like scancel. Each is tried; the exit code tells the worst that happened
     (5 when one was not found, 1 when one had already ended)."""
-    api = connect()
+    api = connect(exact=as_json)
     outcomes: list[dict[str, Any]] = []
     worst = ExitCode.OK
     for job_id in job_ids:
         try:
-            job = api.post(api.job_path(job_id, "cancel"), what=f"job {job_id}")
+            job = api.post(api.job_path(job_id, "cancel"), shape=answers.JOB, what=f"job {job_id}")
             outcomes.append({"id": job_id, "cancelled": True, "state": job["state"]})
             if not as_json:
                 click.echo(f"job {job_id} ({job['name']}): cancelled")

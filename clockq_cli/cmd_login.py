@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from clockq_cli import config
+from clockq_cli import answers, config
 from clockq_cli.client import Api
 from clockq_cli.exits import CliError, ExitCode
 from clockq_cli.output import emit_json, json_option, note
@@ -26,7 +26,7 @@ def login(url: str, as_json: bool) -> None:
     url = config.normal_url(url)
     token = _read_token()
     login = config.Login(url, token)
-    Api(login).get("/api/queues")  # a wrong URL or token fails here, and nothing is kept
+    Api(login).get("/api/queues", shape=answers.QUEUES)  # a wrong URL or token fails here, and nothing is kept
     path = config.save(login)
     if url.startswith("http://") and not config.is_loopback(url):
         note(f"warning: {url} is plain http: the token crosses the network unencrypted")

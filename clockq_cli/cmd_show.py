@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from clockq_cli import render
+from clockq_cli import answers, render
 from clockq_cli.client import Api
 from clockq_cli.exits import CliError, ExitCode
 from clockq_cli.output import connect, console, emit_json, json_option
@@ -27,9 +27,9 @@ CHUNK_BYTES = 1 << 20
 @json_option
 def show(job_id: int, as_json: bool) -> None:
     """A job in full, like scontrol show job: its facts, slices, events, metrics and result files."""
-    api = connect()
-    job = api.get(api.job_path(job_id), params={"history": 1}, what=f"job {job_id}")
-    metrics = api.get(api.job_path(job_id, "metrics"), what=f"job {job_id}")
+    api = connect(exact=as_json)
+    job = api.get(api.job_path(job_id), params={"history": 1}, shape=answers.JOB_DETAIL, what=f"job {job_id}")
+    metrics = api.get(api.job_path(job_id, "metrics"), shape=answers.METRICS, what=f"job {job_id}")
     result = _result_or_none(api, job_id)
     if as_json:
         emit_json({"job": job, "metrics": metrics, "result": result})
@@ -39,7 +39,7 @@ def show(job_id: int, as_json: bool) -> None:
 
 def _result_or_none(api: Api, job_id: int) -> dict[str, Any] | None:
     try:
-        return api.get(api.job_path(job_id, "result"), what=f"job {job_id}")
+        return api.get(api.job_path(job_id, "result"), shape=answers.RESULT, what=f"job {job_id}")
     except CliError as exc:
         if exc.exit_code == ExitCode.NOT_FOUND:
             return None  # the job was just read: this 404 means it has no result (yet)
@@ -64,7 +64,8 @@ def result(job_id: int, name: str | None, output: Path | None, as_json: bool) ->
     SHA-256 match (exit 7 otherwise, and nothing is left behind); an existing file of that name
     is replaced.
     """
-    api = connect()
+    # Exact: the manifest's names become file names here, checked against SAFE_NAME as they are.
+    api = connect(exact=True)
     manifest = _manifest(api, job_id)
     files = manifest.get("files") or []
     if name is not None:
@@ -83,12 +84,12 @@ def result(job_id: int, name: str | None, output: Path | None, as_json: bool) ->
 
 def _manifest(api: Api, job_id: int) -> dict[str, Any]:
     try:
-        return api.get(api.job_path(job_id, "result"), what=f"job {job_id}")
+        return api.get(api.job_path(job_id, "result"), shape=answers.RESULT, what=f"job {job_id}")
     except CliError as exc:
         if exc.exit_code != ExitCode.NOT_FOUND:
             raise
         # Say which 404 it was: no such job, or a job without a result (yet).
-        job = api.get(api.job_path(job_id), what=f"job {job_id}")
+        job = api.get(api.job_path(job_id), shape=answers.JOB, what=f"job {job_id}")
         raise CliError(f"job {job_id} is {job['state']} and has no result", ExitCode.NOT_FOUND) from None
 
 
@@ -127,6 +128,8 @@ def _download(api: Api, job_id: int, entry: dict[str, Any], target: Path) -> dic
                 out.write(chunk)
                 digest.update(chunk)
                 size += len(chunk)
+                if size > entry.get("bytes", 0):  # a server that sends more than it said: stop here
+                    break
             out.flush()
             os.fchmod(out.fileno(), 0o666 & ~_umask())  # as an ordinary new file, not mkstemp's 0600
             os.fsync(out.fileno())

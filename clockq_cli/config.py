@@ -20,6 +20,11 @@ from clockq_cli.exits import CliError, ExitCode
 URL_ENV = "CLOCKQ_URL"
 TOKEN_ENV = "CLOCKQ_TOKEN"
 FILE_NAME = "login.json"
+MAX_PAGES_ENV = "CLOCKQ_MAX_PAGES"
+# The most pages of a list one command reads (clockq_cli.client.Api.pages): 10,000 jobs at the
+# API's 50 a page, more than a terminal shows, and a bound on a server whose pages never end.
+DEFAULT_MAX_PAGES = 200
+MAX_PAGES_RANGE = range(1, 100_001)
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,21 @@ def resolve(environ: Mapping[str, str] = os.environ) -> Login:
     if not token:
         raise CliError(f"no token for {url}: run `clockq login {url}`, or set {TOKEN_ENV}", ExitCode.AUTH)
     return Login(url, token)
+
+
+def max_pages(environ: Mapping[str, str] = os.environ) -> int:
+    """CLOCKQ_MAX_PAGES, or DEFAULT_MAX_PAGES when it is not set; a usage error when it is not a
+    whole number in MAX_PAGES_RANGE."""
+    raw = environ.get(MAX_PAGES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_PAGES
+    if not (raw.isascii() and raw.isdigit()) or int(raw) not in MAX_PAGES_RANGE:
+        raise CliError(
+            f"{MAX_PAGES_ENV} must be a whole number from {MAX_PAGES_RANGE.start} to {MAX_PAGES_RANGE.stop - 1}, "
+            f"not {raw[:40]!r}",
+            ExitCode.USAGE,
+        )
+    return int(raw)
 
 
 def read_saved() -> Login | None:

@@ -8,6 +8,11 @@ from typing import Any
 
 import click
 
+from clockq_cli.printable import printable
+
+# A message quotes the server (an error's detail, a job's name): one line, and not a flood.
+MAX_MESSAGE_CHARS = 1000
+
 
 class ExitCode(IntEnum):
     OK = 0
@@ -23,9 +28,12 @@ class ExitCode(IntEnum):
 
 class CliError(click.ClickException):
     """A failure to report in one line and exit with `code`; `body` is the API's error answer,
-    when there was one."""
+    when there was one. The message is made printable and one line, cut at MAX_MESSAGE_CHARS."""
 
     def __init__(self, message: str, code: ExitCode = ExitCode.REFUSED, *, body: Any = None):
-        super().__init__(message)
+        line = printable(message, lines=False)
+        if len(line) > MAX_MESSAGE_CHARS:
+            line = line[: MAX_MESSAGE_CHARS - 1] + "…"
+        super().__init__(line)
         self.exit_code = int(code)  # type: ignore[misc]  # click reads it from the instance too
         self.body = body

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from clockq_cli import config
 from clockq_cli.client import Api
+from clockq_cli.printable import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -21,14 +22,16 @@ def json_option(command: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead of tables.")(command)
 
 
-def connect() -> Api:
-    """The API at the URL and with the token that the environment or `clockq login` gives."""
-    return Api(config.resolve(os.environ))
+def connect(*, exact: bool = False) -> Api:
+    """The API at the URL and with the token that the environment or `clockq login` gives. Its
+    answers' text is made printable for the terminal, unless `exact` (--json: JSON escapes it)."""
+    return Api(config.resolve(os.environ), for_terminal=not exact, max_pages=config.max_pages(os.environ))
 
 
 def console() -> Console:
-    # No highlighting: a job's name or an error is shown as it is, not coloured as if code.
-    return Console(highlight=False)
+    # A job's name or an error is shown as it is: not coloured as if code (highlight), and not
+    # read as Rich's markup, where `[link=...]` would make a link and `:smile:` an emoji.
+    return Console(highlight=False, markup=False, emoji=False)
 
 
 def emit_json(data: Any, *, compact: bool = False) -> None:
@@ -36,5 +39,6 @@ def emit_json(data: Any, *, compact: bool = False) -> None:
 
 
 def note(message: str) -> None:
-    """A line for the operator on stderr: progress, a warning; never mixed into the output."""
-    click.echo(message, err=True)
+    """A line for the operator on stderr: progress, a warning; never mixed into the output. It
+    may quote the server, so it is made printable, and one line."""
+    click.echo(printable(message, lines=False), err=True)

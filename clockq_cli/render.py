@@ -55,7 +55,7 @@ def when(iso: str | None) -> str:
         return "-"
     try:
         at = datetime.fromisoformat(iso).astimezone()
-    except ValueError:
+    except (ValueError, OverflowError, OSError):  # not a time, or one beyond what a date holds
         return iso
     return at.strftime("%H:%M:%S" if at.date() == datetime.now().astimezone().date() else "%Y-%m-%d %H:%M")
 
@@ -266,13 +266,21 @@ def workers_table(workers: list[dict[str, Any]]) -> Table:
             str(w.get("hostname", "?")),
             "-" if w.get("gpu") is None else str(w["gpu"]),
             str(w.get("host", "")),
-            when(datetime.fromtimestamp(started).isoformat()) if isinstance(started, int | float) else "-",
+            _since(started),
             Text(w["drained"] if isinstance(w.get("drained"), str) else "drained", style="yellow")
             if w.get("drained")
             else "",
             Text(str(w["degraded"]), style="red") if w.get("degraded") else "",
         )
     return table
+
+
+def _since(started: Any) -> str:
+    """A heartbeat's start (seconds since the epoch) as `when` shows a time; "-" if it is none."""
+    try:
+        return when(datetime.fromtimestamp(started).isoformat())
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "-"
 
 
 def _drain(item: dict[str, Any]) -> Text | str:

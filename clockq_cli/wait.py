@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from clockq_cli import answers
 from clockq_cli.client import Api
 from clockq_cli.exits import CliError, ExitCode
 
@@ -37,7 +38,7 @@ def wait_until_ended(
         delay = min(delay * 1.5, MAX_POLL_S)
         active = _active_jobs(api, owner, oldest=min(waiting))
         for job_id in sorted(waiting):
-            job = active.get(job_id) or api.get(api.job_path(job_id), what=f"job {job_id}")
+            job = active.get(job_id) or api.get(api.job_path(job_id), shape=answers.JOB, what=f"job {job_id}")
             if job["state"] != latest[job_id]["state"]:
                 on_change(job)
             latest[job_id] = job
@@ -50,15 +51,13 @@ def _active_jobs(api: Api, owner: str, *, oldest: int) -> dict[int, dict[str, An
     """The owner's held, queued and running jobs with ids from `oldest` up. A job that moves
     while the pages are read may be missed here; the caller then reads it alone."""
     found: dict[int, dict[str, Any]] = {}
-    page = 1
-    while True:
-        try:
-            answer = api.get("/api/jobs", params={"state": ACTIVE, "owner": owner, "page": page})
-        except CliError as exc:
-            if exc.exit_code != ExitCode.NOT_FOUND:
-                raise
-            return found  # the list shrank under us: that page is gone
-        found.update((job["id"], job) for job in answer["results"])
-        if not answer.get("next") or not answer["results"] or answer["results"][-1]["id"] < oldest:
-            return found
-        page += 1
+    try:
+        for page in api.pages("/api/jobs", {"state": ACTIVE, "owner": owner}):
+            found.update((job["id"], job) for job in page["results"])
+            if not page["results"] or page["results"][-1]["id"] < oldest:
+                break
+    except CliError as exc:
+        if exc.exit_code != ExitCode.NOT_FOUND:
+            raise
+        # The list shrank under us: that page is gone.
+    return found
