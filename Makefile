@@ -55,9 +55,11 @@ endef
 browser:
 	$(call apt_need,/usr/bin/chromium,chromium,the browser tests will be skipped)
 
-# Command jobs run in a bubblewrap sandbox (workers/sandbox.py); without it they are refused.
+# Command jobs run in a bubblewrap sandbox (workers/sandbox.py), on a network of their own that
+# slirp4netns connects outwards (workers/program_network.py); without either they are refused.
 sandbox:
 	$(call apt_need,/usr/bin/bwrap,bubblewrap,command jobs will be refused and their tests skipped)
+	$(call apt_need,/usr/bin/slirp4netns,slirp4netns,command jobs will be refused unless CLOCKQ_COMMAND_NETWORK is none or host)
 
 # compose/prometheus's config, rules and alert unit tests are checked with promtool, and a test runs
 # the Prometheus server against a live clockq (tests/compose/); Debian's package ships both.

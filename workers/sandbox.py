@@ -15,14 +15,20 @@ that Flatpak builds on, rather than namespace code of clockq's own:
   base + job id, so a job keeps its uid across claims and hosts, and a host-wide lock makes sure
   that no two running programs hold the same one. bwrap itself runs as that uid, in a user
   namespace it makes, so nothing in the sandbox has a capability.
-- **Limits.** CPU time, memory, open files, file size and processes (RLIMIT_NPROC, which counts
-  per uid, so per job).
-- **Network.** The host's by default; CLOCKQ_COMMAND_NETWORK=none gives the program a network
-  namespace of its own, with loopback only.
+- **Limits.** CPU time, open files, file size and processes (RLIMIT_NPROC, which counts per
+  uid, so per job); memory through a cgroup of its own or the worker's watchdog, never
+  RLIMIT_AS, which CUDA's address-space reservations break (workers/memory_bound.py).
+- **Network.** A network namespace of its own, connected outwards by slirp4netns, with no way
+  to the host's loopback (workers/program_network.py); CLOCKQ_COMMAND_NETWORK=none gives it
+  loopback only, =host the host's network.
+
+bwrap holds the sandbox before it forks the program (--block-fd) until the worker has put its
+memory cgroup and network in place (workers/program_bounds.py).
 
 Where bwrap is missing, or cannot make namespaces, command jobs are refused with the reason,
 unless the operator sets CLOCKQ_COMMAND_SANDBOX=none: then a program runs as a plain child
-process (still as a uid of its own under a root worker), which cleans up only its process group.
+process (still as a uid of its own under a root worker), which cleans up only its process group,
+on the host's network, its memory held by the watchdog.
 A worker that is not root cannot give programs a uid of their own: it refuses command jobs
 unless CLOCKQ_ALLOW_SAME_USER_COMMANDS is set, and then still sandboxes them as its own user.
 
@@ -53,6 +59,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from workers.memory_bound import MemoryPolicy, memory_policy
+from workers.program_network import NetworkMode
 from workers.workloads.base import JobRefused
 
 log = logging.getLogger("clockq.sandbox")
@@ -71,7 +79,9 @@ class Sandbox:
     bwrap: str | None  # None: no sandbox (CLOCKQ_COMMAND_SANDBOX=none, unsafe)
     uids: range | None  # None: programs run as the worker's own user
     limits: tuple[tuple[int, int], ...]  # (resource.RLIMIT_*, value); value 0 leaves it unlimited
-    network: str  # "host" or "none"
+    network: NetworkMode
+    memory: MemoryPolicy
+    slirp4netns: str | None  # its path, where the network is private
     code: Path  # clockq's code: hidden, but a folder in it may be shown (readable)
     readable: tuple[Path, ...]  # folders shown read-only although they lie in a hidden one
     hidden: tuple[Path, ...]  # clockq's data (var/, checkpoints, cache): never shown
@@ -92,9 +102,12 @@ class Sandbox:
                 return lease
         raise RuntimeError(f"the {UID_PROBES} uids tried for job {job_id} are all held by running programs")
 
-    def argv(self, program: Sequence[str], *, work_dir: Path, info_fd: int | None) -> list[str]:
+    def argv(
+        self, program: Sequence[str], *, work_dir: Path, info_fd: int | None, block_fd: int | None = None
+    ) -> list[str]:
         """The command line that runs `program` in the sandbox (the program itself without one).
-        `info_fd`: where bwrap writes the sandbox's first process id, as JSON."""
+        `info_fd`: where bwrap writes the sandbox's first process id, as JSON; `block_fd`: what
+        its first process waits on, set up, before it forks the program."""
         if self.bwrap is None:
             return list(program)
         args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
@@ -112,12 +125,19 @@ class Sandbox:
             args += ["--tmpfs", str(path)]
         args += ["--bind", str(work_dir), str(work_dir), "--chdir", str(work_dir)]
         args += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-        if self.network == "none":
+        if self.network is not NetworkMode.HOST:
             args += ["--unshare-net"]
         args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         if info_fd is not None:
             args += ["--info-fd", str(info_fd)]
+        if block_fd is not None:
+            args += ["--block-fd", str(block_fd)]
         return [*args, "--", *program]
+
+    def tmpfs_mounts(self) -> tuple[str, ...]:
+        """The sandbox's tmpfs mounts, all writable by the program: memory it holds outside its
+        processes, which the watchdog counts (a cgroup is charged for them itself)."""
+        return ("/dev", "/dev/shm", *SYSTEM_TEMP_DIRS, str(self.code), *map(str, _outermost(self.hidden)))
 
     def popen_kwargs(self, uid: int | None) -> dict:
         """What subprocess.Popen needs to start the sandbox as `uid` (None: the worker's user)."""
@@ -141,9 +161,13 @@ class Sandbox:
             if self.uids is not None
             else "as this worker's own user (CLOCKQ_ALLOW_SAME_USER_COMMANDS)"
         )
+        memory = self.memory.describe()
         if self.bwrap is None:
-            return f"command jobs: WARNING: run without a sandbox (CLOCKQ_COMMAND_SANDBOX=none), {who}"
-        return f"command jobs: run in a bubblewrap sandbox, {who}, network {self.network}"
+            return (
+                f"command jobs: WARNING: run without a sandbox (CLOCKQ_COMMAND_SANDBOX=none), {who}, "
+                f"on the host's network, {memory}"
+            )
+        return f"command jobs: run in a bubblewrap sandbox, {who}, network {self.network.value}, {memory}"
 
 
 class UidLease:
@@ -250,7 +274,6 @@ def sandbox_for_commands() -> Sandbox:
     """How this worker runs programs, or JobRefused saying why it cannot run them safely."""
     limits = (
         (resource.RLIMIT_CPU, settings.CLOCKQ_COMMAND_CPU_S),
-        (resource.RLIMIT_AS, settings.CLOCKQ_COMMAND_MEMORY_MB * 2**20),
         (resource.RLIMIT_NOFILE, settings.CLOCKQ_COMMAND_MAX_FILES),
         (resource.RLIMIT_FSIZE, settings.CLOCKQ_COMMAND_MAX_FILE_MB * 2**20),
     )
@@ -284,12 +307,28 @@ def sandbox_for_commands() -> Sandbox:
                 "namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu also "
                 "kernel.apparmor_restrict_unprivileged_userns=0), or set CLOCKQ_COMMAND_SANDBOX=none (unsafe)"
             )
+    network = NetworkMode(settings.CLOCKQ_COMMAND_NETWORK)
+    slirp4netns = None
+    if bwrap is not None and network is NetworkMode.PRIVATE:
+        slirp4netns = shutil.which("slirp4netns")
+        if slirp4netns is None:
+            raise JobRefused(
+                "slirp4netns is not installed on this worker, so a job's program cannot have a network of its "
+                "own (CLOCKQ_COMMAND_NETWORK=private): install it (apt-get install slirp4netns), or set "
+                "CLOCKQ_COMMAND_NETWORK=none (loopback only) or host (unsafe: programs reach the host's "
+                "loopback services)"
+            )
+    memory = memory_policy(sandboxed=bwrap is not None)
+    if memory.cgroup is not None:
+        sweep_leftover_cgroups(memory.cgroup.path)
     hidden = (settings.VAR_DIR, settings.CLOCKQ_CHECKPOINT_DIR, settings.CLOCKQ_CACHE_DIR)
     return Sandbox(
         bwrap=bwrap,
         uids=uids,
         limits=limits,
-        network=settings.CLOCKQ_COMMAND_NETWORK,
+        network=network,
+        memory=memory,
+        slirp4netns=slirp4netns,
         code=Path(settings.BASE_DIR).resolve(),
         readable=tuple(Path(p).resolve() for p in settings.CLOCKQ_COMMAND_READ_PATHS),
         hidden=tuple(Path(p).resolve() for p in hidden),
@@ -308,6 +347,24 @@ def bwrap_problem(bwrap: str, uid: int | None) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     return "" if done.returncode == 0 else (done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}")
+
+
+@functools.cache
+def sweep_leftover_cgroups(parent: Path) -> None:
+    """Remove the empty cgroups that workers killed while their programs ran left in `parent`
+    (once a process): each one whose uid no running program holds (a program's cgroup is named
+    for its uid, which it holds host-wide while it runs)."""
+    for path in parent.glob("clockq-uid*"):
+        uid = path.name.removeprefix("clockq-uid")
+        lease = UidLease.try_take(int(uid)) if uid.isdigit() else None
+        if lease is None:
+            continue  # its program runs, or not a name of ours
+        try:
+            path.rmdir()
+        except OSError:
+            pass  # not empty: its processes are exiting; a later start of that uid replaces it
+        finally:
+            lease.release()
 
 
 def _check_uids_usable(uids: range) -> None:

@@ -199,18 +199,6 @@ def test_processes_are_limited(settings):
     assert 0 < int((workload.work_dir / "started").read_text()) < 16
 
 
-@needs_sandbox()
-@pytest.mark.parametrize(("network", "reached"), [("host", "yes"), ("none", "no")])
-def test_the_network_setting_gives_the_hosts_network_or_none(settings, redis_server, network, reached):
-    settings.CLOCKQ_COMMAND_NETWORK = network
-    code = (
-        "import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5).close()\n"
-        "    reached = 'yes'\nexcept OSError:\n    reached = 'no'\nopen('reached', 'w').write(reached)"
-    )
-    workload = run_program([program_python(), "-c", code, str(redis_server.port)])
-    assert (workload.work_dir / "reached").read_text() == reached
-
-
 @as_root
 def test_a_uid_is_held_by_one_running_program_at_a_time_and_its_lock_file_goes_with_it(settings):
     settings.CLOCKQ_COMMAND_UID_BASE, settings.CLOCKQ_COMMAND_UID_COUNT = 2_000_000, 10

@@ -81,7 +81,10 @@ def root_only(crossable_dir):
 
 
 def test_a_link_put_in_place_of_stderr_does_not_bring_the_file_it_points_to_into_the_error(root_only):
-    link = f"import os, sys\nos.unlink('stderr.log')\nos.symlink({str(root_only)!r}, 'stderr.log')\n"
+    link = (
+        "import os, sys\nos.path.lexists('stderr.log') and os.unlink('stderr.log')\n"
+        f"os.symlink({str(root_only)!r}, 'stderr.log')\n"
+    )
     workload = start(7, [PY, "-c", link + "sys.stderr.write('it broke\\n')\nsys.exit(1)"])
 
     with pytest.raises(RuntimeError) as failure:
@@ -95,7 +98,12 @@ def test_a_link_put_in_place_of_stderr_does_not_bring_the_file_it_points_to_into
 
 
 def test_a_link_put_in_place_of_stdout_is_not_appended_to_at_the_next_start(root_only):
-    workload = start(7, program(f"os.unlink('stdout.log'); os.symlink({str(root_only)!r}, 'stdout.log')"))
+    workload = start(
+        7,
+        program(
+            f"os.path.lexists('stdout.log') and os.unlink('stdout.log'); os.symlink({str(root_only)!r}, 'stdout.log')"
+        ),
+    )
     run_until(workload, "started")
 
     assert workload.state_dict() == b"saved"  # SIGUSR1, exit 75
@@ -252,6 +260,8 @@ def test_a_worker_killed_with_kill_9_leaves_no_process_of_its_job(start_workers,
     job = submit(operator, "SP", "orphan", workload="command", argv=lingerer(100_000))
     _, pids = running_program(job)
     worker = json.loads(client().get(f"clockq:worker:{Job.objects.get(pk=job.pk).worker}"))["pid"]
+    # slirp4netns, the program's network, runs as its uid and must go too (its --exit-fd closes).
+    assert "slirp4netns" in {Path(f"/proc/{pid}/comm").read_text().strip() for pid in pids}
 
     os.kill(worker, signal.SIGKILL)
 

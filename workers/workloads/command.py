@@ -105,6 +105,8 @@ from clockq.jobs.results import MAX_FILES as MAX_RESULT_FILES
 from clockq.jobs.results import SAFE_NAME as SAFE_RESULT_NAME
 from clockq.jobs.results import ResultError
 from workers.job_folder import JobFolder, UnsafeEntry
+from workers.memory_bound import MemoryLimitExceeded
+from workers.program_bounds import ProgramBounds
 from workers.program_output import OutputTail
 from workers.sandbox import Pidfd, UidLease, first_child, prepare_work_dir, read_child_pid, sandbox_for_commands
 from workers.storage_watch import StorageWatch, folder_usage, store_room, unaccounted_allowance
@@ -178,6 +180,7 @@ class CommandWorkload(Workload):
         self.program: Pidfd | None = None  # the same, to signal without a reused pid's risk
         self.namespace: Pidfd | None = None  # the first process of its PID namespace
         self.uid_lease: UidLease | None = None
+        self.bounds: ProgramBounds | None = None  # its memory bound and network, from its last start
         self.resume = False
         self.finished = False
         self._started_at = 0.0
@@ -405,21 +408,27 @@ class CommandWorkload(Workload):
             keep = settings.CLOCKQ_COMMAND_LOG_KEEP_KB * 1024
             self._output = [OutputTail(keep, self._kept_log(name, keep)) for name in (STDOUT_NAME, STDERR_NAME)]
             info_read, info_write = os.pipe() if self.sandbox.bwrap else (None, None)
+            # The sandbox waits on block_read, set up, until its memory cgroup and network are in place.
+            block_read, block_write = os.pipe() if self.sandbox.bwrap else (None, None)
             try:
                 self.proc = subprocess.Popen(
-                    self.sandbox.argv(argv, work_dir=self.work_dir, info_fd=info_write),
+                    self.sandbox.argv(argv, work_dir=self.work_dir, info_fd=info_write, block_fd=block_read),
                     stdin=subprocess.DEVNULL,
                     stdout=self._output[0].write_fd,
                     stderr=self._output[1].write_fd,
                     cwd=self.work_dir,
                     env=env,
-                    pass_fds=() if info_write is None else (info_write,),
+                    pass_fds=tuple(fd for fd in (info_write, block_read) if fd is not None),
                     **self.sandbox.popen_kwargs(self.folder.owner),
                 )
             finally:
-                if info_write is not None:
-                    os.close(info_write)
+                for fd in (info_write, block_read):
+                    if fd is not None:
+                        os.close(fd)
         except OSError as exc:
+            for fd in (info_read, block_write):
+                if fd is not None:
+                    os.close(fd)
             self._close_output()
             self._release_uid()
             raise start_error(exc, argv[0], sandboxed=bool(self.sandbox.bwrap)) from exc
@@ -429,11 +438,24 @@ class CommandWorkload(Workload):
         self._started_at = time.monotonic()
         if info_read is None:
             self.program_pid = self.proc.pid
+            held = self.program = Pidfd.open(self.program_pid)
         else:
             # None: bwrap could not set the sandbox up, and its exit says why.
-            self.namespace = Pidfd.open(read_child_pid(info_read))
+            held = self.namespace = Pidfd.open(read_child_pid(info_read))
+        self.bounds = None
+        if held is not None:
+            try:
+                self.bounds = ProgramBounds.hold(
+                    self.sandbox, job_id=self.ctx.job_id, uid=self.folder.owner, target=held, block_fd=block_write
+                )
+            except Exception:
+                self._kill()
+                raise
+        elif block_write is not None:
+            os.close(block_write)
+        if info_read is not None:
             self.program_pid = first_child(self.namespace, self.proc) if self.namespace else None
-        self.program = Pidfd.open(self.program_pid)
+            self.program = Pidfd.open(self.program_pid)
         self._await_handler(abandon)
 
     def _take_uid(self) -> None:
@@ -499,6 +521,8 @@ class CommandWorkload(Workload):
     def _end_sandbox(self) -> None:
         """Kill every process the program started, and wait for the sandbox to be gone."""
         assert self.proc is not None
+        if self.bounds is not None:
+            self.bounds.stop()
         if self.namespace is not None:
             # The death of a PID namespace's first process makes the kernel kill every other
             # process in it, and that first process is gone only once all of them are.
@@ -509,6 +533,8 @@ class CommandWorkload(Workload):
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        if self.bounds is not None:
+            self.bounds.close()  # its memory verdict stays, for the job's reason
 
     def _kill(self) -> None:
         self._reaped()
@@ -641,7 +667,9 @@ class CommandWorkload(Workload):
             )
         return ""
 
-    def _failure(self, code: int, context: str) -> RuntimeError:
+    def _failure(self, code: int, context: str) -> Exception:
+        if self.bounds is not None and (over := self.bounds.memory_verdict):
+            return MemoryLimitExceeded(f"{over}{self._stderr_suffix()}")
         what = f"killed by signal {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         return RuntimeError(f"the program {what}{f' ({context})' if context else ''}{self._stderr_suffix()}")
 
