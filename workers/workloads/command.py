@@ -101,6 +101,7 @@ from pathlib import Path
 from django.conf import settings
 
 from clockq.jobs import quotas
+from clockq.jobs.quotas import Allowance
 from clockq.jobs.results import MAX_FILES as MAX_RESULT_FILES
 from clockq.jobs.results import SAFE_NAME as SAFE_RESULT_NAME
 from clockq.jobs.results import ResultError
@@ -109,7 +110,7 @@ from workers.memory_bound import MemoryLimitExceeded
 from workers.program_bounds import ProgramBounds
 from workers.program_output import OutputTail
 from workers.sandbox import Pidfd, UidLease, first_child, prepare_work_dir, read_child_pid, sandbox_for_commands
-from workers.storage_watch import StorageWatch, folder_usage, store_room, unaccounted_allowance
+from workers.storage_watch import JobStorage, StorageWatch, folder_usage, store_room, unaccounted_allowance
 from workers.workloads.base import JobRefused, RunContext, StartAbandoned, Workload
 from workers.workloads.program_start import cannot_start, catches_signal, exec_failure, program_problem, start_error
 
@@ -189,10 +190,11 @@ class CommandWorkload(Workload):
         self._output: list[OutputTail] = []  # stdout's and stderr's pipes while the program runs
         # What this job may hold on the store (its checkpoints and result count too); watched
         # while its program runs, from another thread, which kills the program when passed.
-        self.storage = ctx.storage
-        self.allowance, self.held_elsewhere = (
-            ctx.storage.allowance() if ctx.storage is not None else (unaccounted_allowance(), 0)
+        self.storage: JobStorage | None = ctx.storage
+        bounds: tuple[Allowance, int] = (
+            self.storage.allowance() if self.storage is not None else (unaccounted_allowance(), 0)
         )
+        self.allowance, self.held_elsewhere = bounds
         self.watch: StorageWatch | None = None
         self._over_storage = ""  # why the watch killed the program
         self._handles = threading.Lock()  # the program's handles, closed here, used by the watch
