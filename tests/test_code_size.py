@@ -15,7 +15,10 @@ MAX_FUNCTION_LINES = 80
 
 # "path" for a module, "path::function" for a function (nested ones as outer.inner, methods as
 # Class.method): each also listed in docs/architecture.md, with why it stays whole.
-EXCEPTIONS: dict[str, str] = {}
+EXCEPTIONS: dict[str, str] = {
+    "clockq/settings.py": "every setting read and checked in one place, as Django expects",
+    "workers/workloads/command.py": "the program protocol's docstring and the one class that keeps it",
+}
 
 
 def _python_files() -> list[str]:
