@@ -71,7 +71,7 @@ def request_source(request: tornado.httputil.HTTPServerRequest) -> LoginSource:
     """The login source of a request, from its connection's two ends. Behind a proxy that Flower
     trusts (--xheaders) the address is the one the proxy names, and its connection says nothing."""
     address = request.remote_ip or ""
-    peer = getattr(request.connection.context, "address", None)
+    peer = getattr(getattr(request.connection, "context", None), "address", None)
     stream = getattr(request.connection, "stream", None)
     if not isinstance(peer, tuple) or peer[0] != address or stream is None or stream.socket is None:
         return login_source(address, None, None)

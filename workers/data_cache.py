@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 log = logging.getLogger("clockq.data_cache")
 
@@ -212,7 +212,7 @@ class DataCache:
         tmp = self.directory / f"{BUILDING_PREFIX}{os.getpid()}-{path.name}"
         try:
             with open(tmp, "xb") as f:
-                write(_Bounded(f, size))
+                write(cast(BinaryIO, _Bounded(f, size)))  # a file as far as its writer can tell
                 f.flush()
                 if os.fstat(f.fileno()).st_size > size:  # a write that went around _Bounded
                     raise _WroteTooMuch(f"the entry grew past the {size:,} bytes it declared")
