@@ -101,7 +101,10 @@ def test_quota_read_reads_what_the_orm_reads(alice, bob):
     for i, state in enumerate(["queued", "queued", "running", "held", "succeeded", "failed"]):
         job = submit(alice, "SP", f"j{i}")
         Job.objects.filter(pk=job.pk).update(
-            state=state, checkpoint_bytes=1000 * i, result_bytes=7 * (state == "succeeded")
+            state=state,
+            checkpoint_bytes=1000 * i,
+            result_bytes=7 * (state == "succeeded"),
+            work_bytes=11 * (state == "running"),
         )
     submit(bob, "SP", "bobs")  # another owner's: counted for nobody else
     Job.objects.filter(owner=bob).update(checkpoint_bytes=10**9)
@@ -109,15 +112,16 @@ def test_quota_read_reads_what_the_orm_reads(alice, bob):
 
     read = hot_sql.quota_read(alice.pk, quotas.ACTIVE, default_max_active=100)
     assert (read.max_active_jobs, read.max_checkpoint_mb, read.active) == (None, None, active)
-    assert quotas._held(read.checkpoint_bytes, read.result_bytes) == quotas.checkpoint_bytes_of(alice.pk)
-    assert (read.checkpoint_bytes, read.result_bytes) == (1000 * (1 + 2 + 3 + 4 + 5), 7)
+    held = quotas._held(read.checkpoint_bytes, read.result_bytes, read.work_bytes)
+    assert held == quotas.checkpoint_bytes_of(alice.pk)
+    assert (read.checkpoint_bytes, read.result_bytes, read.work_bytes) == (1000 * (1 + 2 + 3 + 4 + 5), 7, 11)
     # The count stops one past the limit: the default's, or the owner's own.
     assert hot_sql.quota_read(alice.pk, quotas.ACTIVE, default_max_active=1).active == 2
     UserQuota.objects.create(user=alice, max_active_jobs=2, max_checkpoint_mb=5)
     read = hot_sql.quota_read(alice.pk, quotas.ACTIVE, default_max_active=100)
     assert (read.max_active_jobs, read.max_checkpoint_mb, read.active) == (2, 5, 3)
     # An owner with no jobs at all.
-    assert hot_sql.quota_read(alice.pk + bob.pk + 1, quotas.ACTIVE, 100)[2:] == (0, 0, 0)
+    assert hot_sql.quota_read(alice.pk + bob.pk + 1, quotas.ACTIVE, 100)[2:] == (0, 0, 0, 0)
 
 
 def test_a_related_object_is_written_by_its_key(alice):
