@@ -68,6 +68,7 @@ def test_a_command_programs_result_folder_never_hands_over_a_linked_file(tmp_pat
     """The program owns CLOCKQ_RESULT_DIR; a link there (or the folder itself a link) fails the
     job instead of copying a file the worker can read and the job's owner should not."""
     from workers.job_folder import JobFolder
+    from workers.storage_watch import unaccounted_allowance
     from workers.workloads.command import CommandWorkload
 
     work = tmp_path / "work"
@@ -75,6 +76,8 @@ def test_a_command_programs_result_folder_never_hands_over_a_linked_file(tmp_pat
     (work / "result" / "ok.txt").write_bytes(b"fine")
     workload = CommandWorkload({"argv": ["true"]})
     workload.folder = JobFolder(work, None)
+    # Set up as setup() would outside a claim: the per-job storage caps alone.
+    workload.work_dir, workload.allowance, workload.held_elsewhere = work, unaccounted_allowance(), 0
     out = tmp_path / "out"
     out.mkdir()
     workload.write_result(out)
