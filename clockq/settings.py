@@ -392,6 +392,10 @@ CLOCKQ_CHECKPOINT_EVERY_S = env_float("CLOCKQ_CHECKPOINT_EVERY_S", 60.0, min_val
 CLOCKQ_REDISPATCH_GRACE_S = env_float("CLOCKQ_REDISPATCH_GRACE_S", 10.0, min_value=0.0, max_value=3600.0)
 CLOCKQ_RT_LANE = env_choice("CLOCKQ_RT_LANE", "on", ("on", "off")) == "on"  # workers/rt_lane.py
 CLOCKQ_PAUSE_MAX_S = env_float("CLOCKQ_PAUSE_MAX_S", 2.0, min_value=0.05, max_value=3600.0)  # then a checkpoint
+# Where each RT lane holds its life lock, an flock its GPU's main worker takes the instant the
+# lane dies, to take its RT job back at once (workers/lane_life.py). It must be on this host's
+# own disk: var/ is, for the single-host setup; with var/ on a network mount, name a local one.
+CLOCKQ_LANE_LOCK_DIR = Path(env_str("CLOCKQ_LANE_LOCK_DIR") or VAR_DIR / "lanes")
 # A running job's lease: renewed every quarter of it by its worker; past it, the reaper takes
 # the job back. It must outlast a stalled database write, not a step: renewal runs in a thread.
 CLOCKQ_LEASE_S = env_float("CLOCKQ_LEASE_S", 20.0, min_value=1.0, max_value=3600.0)

@@ -10,11 +10,17 @@ policy (`clockq.policy.lanes.rt_lane_path`) says how the GPU's running job makes
 - otherwise it leaves through the checkpoint path at its next step, as it would make way for
   any RT job, and its worker claims nothing until the RT job ends.
 
-Crash safety. The pause request lives in Redis with a short TTL that the lane renews while its
-RT job runs (clockq/bus/lanes.py): a lane killed with kill -9 stops renewing it, and the paused
-job resumes within `lanes.PAUSE_TTL_S`; the lane's RT job is the reaper's, as any dead worker's.
-A paused worker killed with kill -9 loses its job's current slice only: its lease runs out and
-the reaper takes the job back from its last checkpoint. A pause never lasts longer than
+Crash safety. A lane's processes hold its life lock, an flock, for as long as they live, and
+claim nothing without it (workers/lane_life.py). The GPU's main worker waits on that
+lock in a thread (`LaneWatch`): the instant a lane dies (kill -9 included), the main worker holds
+the lock, knows the lane is dead, takes the lane's RT job back to the `rt` queue from its last
+checkpoint (the reaper's rule, `clockq.jobs.take_back`), and drops the lane's pause request, so
+the paused job resumes, or the worker lent to the lane claims again, and the RT job runs again
+within RT's start timeout: on this GPU, another, or the lane's next process. The pause request
+also lives in Redis with a short TTL that the lane renews while its RT job runs
+(clockq/bus/lanes.py), so a paused job resumes within `lanes.PAUSE_TTL_S` even where no watch
+runs. A paused worker killed with kill -9 loses its job's current slice only: its lease runs out
+and the reaper takes the job back from its last checkpoint. A pause never lasts longer than
 CLOCKQ_PAUSE_MAX_S: past it, the paused job leaves through the checkpoint path.
 """
 
@@ -28,9 +34,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from celery.signals import worker_process_init
+from celery.signals import worker_init, worker_process_init
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import Q
 from redis import RedisError
 
@@ -40,6 +46,7 @@ from clockq.jobs.models import Job
 from clockq.policy.lanes import LanePath, LaneView, pause_over, rt_lane_path
 from clockq.policy.states import JobState
 from workers import runtime as runtimes
+from workers.lane_life import LaneLock, LaneLockError, LaneWatch, take_back_orphans
 from workers.run.claim import ClaimedJob, claim_message_job, give_back
 from workers.runtime import Runtime
 
@@ -49,6 +56,8 @@ LANE_NAME_ENV = "CLOCKQ_RT_LANE_NAME"
 LISTEN_WAIT_S = 5.0
 POLL_S = 0.005  # how often a lane looks whether its main worker's job has left (checkpoint path)
 PAUSED_POLL_S = 0.05  # how often a paused job reads its request, between the signals it hears
+_life: LaneLock | None = None  # in a lane's processes: its life lock, held until they exit
+_watch: LaneWatch | None = None  # in a main worker's pool process: its watch over its lane
 
 
 def rt_lane_env(main: str) -> dict[str, str]:
@@ -76,7 +85,12 @@ class Lane:
 
     def claim(self, job_id: int, token: str) -> ClaimedJob | None:
         """Make room on the GPU for the RT job, then claim it (the room first: on a real GPU the
-        claim checks that the job fits in the free memory). None if the message is stale."""
+        claim checks that the job fits in the free memory). None if the message is stale, or
+        if this process does not hold the lane's life lock: without it, its death could not be
+        known for sure, and its job would wait for the reaper."""
+        if not _holds_life(self.name):
+            give_back(job_id, token, self.runtime)
+            return None
         lanes.mark_busy(client(), self.name)  # before anything: no look counts this lane idle now
         path, target = self._path(job_id, token)
         if path == LanePath.ELSEWHERE:
@@ -186,13 +200,53 @@ class Lane:
                 log.warning("lane %s could not renew its pause request: %s", self.name, exc)
 
 
-@worker_process_init.connect
-def _start_warm(**_kwargs) -> None:
-    """A lane's pool process does at its start what a first job would wait for: its runtime,
-    its signal subscription, its database and broker connections. Then it counts as idle."""
+@worker_init.connect
+def _take_life(**_kwargs) -> None:
+    """A lane's main process takes its life lock before it forks its pool process, which shares
+    it (the same open file): the lock comes free only when both are dead. Until it has it, the
+    lane takes no message: a process of the lane before it, not dead yet, still holds it. A lock
+    folder that cannot hold it stops the lane, saying why (the GPU serves RT jobs without it)."""
+    global _life
     name = os.environ.get(LANE_NAME_ENV)
     if not name or not os.environ.get(heartbeat.RT_LANE_OF_ENV):
         return
+    lock = LaneLock(name)
+    try:
+        if not lock.try_take():
+            log.warning(
+                "lane %s: waiting for its life lock %s (a process of the lane before it not dead yet, "
+                "or its GPU's main worker taking back its jobs)",
+                name,
+                lock.path,
+            )
+            lock.take()
+    except LaneLockError as exc:
+        raise SystemExit(f"RT lane {name} cannot start: {exc}") from None
+    _life = lock
+
+
+def _holds_life(name: str) -> bool:
+    """Whether this process holds its lane's life lock (through its main process), as it must
+    to claim: without it, its death could not be known for sure, and its job would wait for
+    the reaper."""
+    if _life is not None and _life.held:
+        return True
+    log.error("lane %s: this process does not hold the lane's life lock; claiming nothing", name)
+    return False
+
+
+@worker_process_init.connect
+def _start_warm(**_kwargs) -> None:
+    """A lane's pool process takes back the jobs of the lane's previous processes, dead, since
+    it holds the lane's life lock; then it does what a first job would wait for: its runtime,
+    its signal subscription, its database and broker connections. Then it counts as idle."""
+    name = os.environ.get(LANE_NAME_ENV)
+    if not name or not os.environ.get(heartbeat.RT_LANE_OF_ENV) or not _holds_life(name):
+        return
+    try:
+        take_back_orphans(name, actor=name)
+    except (DatabaseError, RedisError) as exc:  # the main worker's watch or the reaper does it
+        log.warning("lane %s: could not take back the jobs of its previous process: %s", name, exc)
     try:
         runtime = runtimes.for_worker(name)
         signals.wait_until_listening(LISTEN_WAIT_S)
@@ -204,6 +258,22 @@ def _start_warm(**_kwargs) -> None:
 
 
 # --- the main worker's side ------------------------------------------------------------------
+
+
+@worker_process_init.connect
+def _watch_the_lane(sender=None, **_kwargs) -> None:
+    """A GPU's main worker's pool process watches its lane from its start (`LaneWatch`)."""
+    global _watch
+    main = sender if isinstance(sender, str) else None
+    is_main = int(os.environ.get("CLOCKQ_GPU_INDEX", "-1")) >= 0 and not os.environ.get(heartbeat.RT_LANE_OF_ENV)
+    if not settings.CLOCKQ_RT_LANE or not is_main or main is None or lanes.main_of(lanes.lane_name(main)) != main:
+        return
+    _watch = LaneWatch(main).start()
+
+
+def _lane_lost(rt_job: int) -> bool:
+    """Whether this worker's watch took `rt_job` back from its dead lane."""
+    return _watch is not None and rt_job in _watch.lost
 
 
 @dataclass(frozen=True)
@@ -230,7 +300,7 @@ class PauseWatch:
         if raw is None:
             return None
         request = lanes.PauseRequest.parse(raw)
-        if request is None or request.rt_job in self.handled or not request.applies_to(self.job_id):
+        if request is None or request.rt_job in (self.job_id, *self.handled) or not request.applies_to(self.job_id):
             return None
         return request
 
@@ -252,7 +322,8 @@ class PauseWatch:
             if truth is None or truth.rt_job != request.rt_job:
                 if truth is None:
                     interrupts.heard_lane(self.me, None)  # ended, or expired with its lane: forget it
-                how = "resumed" if truth is not None or self._ended(request.rt_job) else "resumed: lane gone"
+                gone = truth is None and (_lane_lost(request.rt_job) or not self._ended(request.rt_job))
+                how = "resumed: lane gone" if gone else "resumed"
                 break
             paused_s = time.monotonic() - began
             if pause_over(paused_s, settings.CLOCKQ_PAUSE_MAX_S):

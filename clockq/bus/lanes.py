@@ -3,7 +3,8 @@
 - The pause request, one key per main worker (`PAUSE_KEY` + its name): the lane sets it when it
   takes an RT job, keeps it alive (a short TTL, renewed while the RT job runs) and deletes it
   when the RT job ends. A lane killed with kill -9 stops renewing it, so the key expires and
-  the paused job resumes: the key is the lane's heartbeat for the pause. Each change is also
+  the paused job resumes: the key is the lane's heartbeat for the pause. The main worker, which
+  knows the lane is dead the instant it dies (workers/lane_life.py), drops it sooner. Each change is also
   announced on the signal channel (clockq/bus/signals.py), so the main worker hears it at its
   next step without a round trip per step.
 - The idle lanes (`IDLE_KEY`, a sorted set scored by expiry): a running job's look for an RT job
@@ -98,6 +99,19 @@ def release(r: redis.Redis, main: str, rt_job: int) -> None:
     if request is not None and request.rt_job == rt_job:
         r.delete(PAUSE_KEY + main)
     signals.announce_lane(r, main, None)
+
+
+def drop_request_of(r: redis.Redis, main: str, lane: str) -> bool:
+    """The lane `lane` is dead (workers/lane_life.py): its request stands for nothing now, and
+    the paused job resumes at once instead of when the request expires. Whether one was dropped.
+    (Read, then deleted: only a live process of `lane` could put a new one between the two, and
+    the caller knows there is none.)"""
+    request = PauseRequest.parse(r.get(PAUSE_KEY + main))
+    if request is None or request.lane != lane:
+        return False
+    r.delete(PAUSE_KEY + main)
+    signals.announce_lane(r, main, None)
+    return True
 
 
 def pause_request(r: redis.Redis, main: str) -> PauseRequest | None:
