@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.harness import wait_for
 from workers.data_cache import MB, CacheBounds, DataCache, Stored
 from workers.workloads import keras_train
 
@@ -151,8 +152,9 @@ def builder(cache_dir: Path, seeds: list[int], cache_mb: int) -> subprocess.Pope
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
 
 
-def test_two_worker_processes_building_datasets_at_once_keep_the_bound_and_whole_entries(tmp_path):
+def test_two_worker_processes_building_datasets_at_once_keep_the_bound_and_whole_entries(tmp_path, settings):
     # Two real processes, as two GPU workers of a host, ask for the same seeds at the same time.
+    settings.CLOCKQ_CACHE_MB = 3
     seeds = [0, 1, 2, 3, 0, 1]
     first, second = builder(tmp_path, seeds, 3), builder(tmp_path, seeds, 3)
     outputs = [first.communicate(timeout=120)[0], second.communicate(timeout=120)[0]]
@@ -168,14 +170,44 @@ def test_two_worker_processes_building_datasets_at_once_keep_the_bound_and_whole
     assert cached_bytes(tmp_path) <= 3 * MB
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".building-")]
     for seed in cached_seeds(tmp_path):
-        x, y, cached = keras_train.load_or_build_dataset(tmp_path, seed, EXAMPLES, CacheBounds(3 * MB, 0))
+        x, y, cached = keras_train.load_or_build_dataset(tmp_path, seed, EXAMPLES)
         assert cached and hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest() == want[seed]
 
 
-def test_a_reader_keeps_reading_a_dataset_evicted_under_it(tmp_path):
-    bounds = CacheBounds(max_bytes=3 * MB, reserve_percent=0)
-    keras_train.load_or_build_dataset(tmp_path, 7, EXAMPLES, bounds)
-    cache = DataCache(tmp_path, bounds)
+def blocked_on_lock(pid: int, lock: Path) -> bool:
+    """Whether process `pid` waits for a flock on `lock` (a "->" line of /proc/locks)."""
+    inode = os.stat(lock).st_ino
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        waiting = "->" in fields and "FLOCK" in fields and str(pid) in fields
+        if waiting and any(f.count(":") == 2 and f.rsplit(":", 1)[1] == str(inode) for f in fields):
+            return True
+    return False
+
+
+def test_a_writer_waits_while_another_holds_the_cache(tmp_path, settings):
+    # Given a writer of another process in the middle of its write (it holds the cache's lock),
+    import fcntl
+
+    settings.CLOCKQ_CACHE_MB = 3
+    DataCache(tmp_path, CacheBounds.from_settings()).trim()  # makes the folder and its lock
+    lock = tmp_path / ".lock"
+    with open(lock, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        # when a worker builds a dataset, it waits to store it: it evicts and writes nothing
+        # while the other may be judging the room left.
+        other = builder(tmp_path, [5], 3)
+        wait_for(lambda: blocked_on_lock(other.pid, lock), 60, what="the builder to wait for the cache's lock")
+        assert os.listdir(tmp_path) == [".lock"]
+    # Then, once the lock is free, it stores its dataset.
+    other.communicate(timeout=60)
+    assert other.returncode == 0 and cached_seeds(tmp_path) == {5}
+
+
+def test_a_reader_keeps_reading_a_dataset_evicted_under_it(tmp_path, settings):
+    settings.CLOCKQ_CACHE_MB = 3
+    keras_train.load_or_build_dataset(tmp_path, 7, EXAMPLES)
+    cache = DataCache(tmp_path, CacheBounds.from_settings())
     # A job has opened seed 7's dataset and not read it yet, when another worker process
     # fills the cache with new seeds, evicting it.
     reading = cache.open_entry(keras_train.dataset_name(7, EXAMPLES))
