@@ -19,6 +19,7 @@ def reap_expired_leases() -> int:
     reaped = 0
     for run in LostRun.of(Job.objects.filter(lease_expires_at__lt=timezone.now())):
         expired = run.lease_expires_at
+        assert expired is not None  # the filter read only jobs whose lease expired
         # The new token makes anything the lost worker still sends stale: a late slice end, a
         # late completion or its re-delivered message all fail their compare-and-set.
         why = f"lease of {run.worker or 'its worker'} expired at {expired:%H:%M:%S}"
