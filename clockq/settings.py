@@ -366,16 +366,6 @@ CLOCKQ_BEAT_LOCK_S = env_float("CLOCKQ_BEAT_LOCK_S", 15.0, min_value=2.0, max_va
 # of a host. Prefetching runs in `gpuworkers` every CLOCKQ_PREFETCH_EVERY_S (0: never) while the
 # control state has prefetch on, for the next CLOCKQ_PREFETCH_JOBS_PER_GPU queued jobs per GPU.
 CLOCKQ_CACHE_DIR = Path(env_str("CLOCKQ_CACHE_DIR") or VAR_DIR / "cache")
-CLOCKQ_PREFETCH_EVERY_S = env_int("CLOCKQ_PREFETCH_EVERY_S", 30, min_value=0, max_value=3600)
-CLOCKQ_PREFETCH_JOBS_PER_GPU = env_int("CLOCKQ_PREFETCH_JOBS_PER_GPU", 2, min_value=1, max_value=100)
-PORT = env_int("PORT", 8000, min_value=1, max_value=65535)
-FLOWER_PORT = env_int("FLOWER_PORT", 5555, min_value=1, max_value=65535)
-CLOCKQ_ADMIN_PASSWORD = env_or_file("CLOCKQ_ADMIN_PASSWORD")
-
-# A workload that raises is rolled back to its last checkpoint and retried this many times.
-CLOCKQ_MAX_RETRIES = env_int("CLOCKQ_MAX_RETRIES", 3, min_value=0, max_value=100)
-# A job that keeps running in continued slices still checkpoints this often, so a crash or a
-# failing step loses at most this much work.
 # The cache's bounds (workers/data_cache.py): its key space is the users' (a dataset per seed),
 # and it lies by default on the disk of the database and the broker's append-only file. It holds
 # at most CLOCKQ_CACHE_MB, least recently used entries dropped first: 2 GiB holds seven of the
@@ -387,6 +377,16 @@ CLOCKQ_MAX_RETRIES = env_int("CLOCKQ_MAX_RETRIES", 3, min_value=0, max_value=100
 # dataset the cache has no room for is built and kept in memory only. CLOCKQ_CACHE_MB=0: no cache.
 CLOCKQ_CACHE_MB = env_int("CLOCKQ_CACHE_MB", 2048, min_value=0)
 CLOCKQ_CACHE_RESERVE_PERCENT = env_float("CLOCKQ_CACHE_RESERVE_PERCENT", 10.0, min_value=0.0, max_value=90.0)
+CLOCKQ_PREFETCH_EVERY_S = env_int("CLOCKQ_PREFETCH_EVERY_S", 30, min_value=0, max_value=3600)
+CLOCKQ_PREFETCH_JOBS_PER_GPU = env_int("CLOCKQ_PREFETCH_JOBS_PER_GPU", 2, min_value=1, max_value=100)
+PORT = env_int("PORT", 8000, min_value=1, max_value=65535)
+FLOWER_PORT = env_int("FLOWER_PORT", 5555, min_value=1, max_value=65535)
+CLOCKQ_ADMIN_PASSWORD = env_or_file("CLOCKQ_ADMIN_PASSWORD")
+
+# A workload that raises is rolled back to its last checkpoint and retried this many times.
+CLOCKQ_MAX_RETRIES = env_int("CLOCKQ_MAX_RETRIES", 3, min_value=0, max_value=100)
+# A job that keeps running in continued slices still checkpoints this often, so a crash or a
+# failing step loses at most this much work.
 CLOCKQ_CHECKPOINT_EVERY_S = env_float("CLOCKQ_CHECKPOINT_EVERY_S", 60.0, min_value=0.0, max_value=86400.0)
 # A queued job whose message has been missing from the broker this long is dispatched again.
 CLOCKQ_REDISPATCH_GRACE_S = env_float("CLOCKQ_REDISPATCH_GRACE_S", 10.0, min_value=0.0, max_value=3600.0)
@@ -436,8 +436,8 @@ CLOCKQ_JOB_FILES = env_int("CLOCKQ_JOB_FILES", 100_000, min_value=1)
 # every other job are written there, so a store one job fills stalls every GPU. A share of the
 # store's size, so that it means the same on a 1 GiB tmpfs and on a 10 TB volume.
 CLOCKQ_STORE_RESERVE_PERCENT = env_float("CLOCKQ_STORE_RESERVE_PERCENT", 5.0, min_value=0.0, max_value=90.0)
-# A storage fault that follows one job from claim to claim (each claim comes after the worker's
-# probe found the storage working again) is the job's after this many in a row: it then fails.
+# A storage fault that follows one job from claim to claim, while the store takes other writes
+# (a small synced probe right after the fault), is the job's after this many: the job fails.
 CLOCKQ_JOB_STORAGE_FAULTS = env_int("CLOCKQ_JOB_STORAGE_FAULTS", 3, min_value=1, max_value=100)
 # How much of a command program's stdout and of its stderr the worker keeps (the end of each),
 # in the work folder's stdout.log and stderr.log: a program's output goes through the worker,
