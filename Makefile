@@ -20,9 +20,12 @@ $(STAMP): $(REQUIREMENTS) requirements-base.txt requirements-dev.txt pyproject.t
 venv: $(STAMP)
 
 # The ports first (web, Flower, the embedded Redis), with the system's python3 and nothing
-# installed: a taken one stops `make run` before the install, saying which and how to choose
-# another; a taken Redis port is replaced by a free one, recorded in var/redis.url.
+# installed: what an earlier start of this checkout left running (its supervisor killed) is
+# stopped first (clockq/stack/leftovers.py); then a taken port stops `make run` before the
+# install, saying which and how to choose another; a taken Redis port is replaced by a free one,
+# recorded in var/redis.url.
 ports:
+	@$(PYTHON) clockq/stack/leftovers.py
 	@$(PYTHON) clockq/stack/ports.py
 
 run: ports $(STAMP) sandbox

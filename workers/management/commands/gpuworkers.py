@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 from clockq.bus import names
 from clockq.bus.client import client
 from clockq.fleet import registry
+from clockq.stack import leftovers
 from clockq.stack.roles import gpu_worker_argv, rt_lane_argv
 from clockq.stack.supervisor import Child, Supervisor
 from workers import sandbox
@@ -76,7 +77,8 @@ class Command(BaseCommand):
                 gpus, settings.CLOCKQ_CACHE_DIR, settings.CLOCKQ_PREFETCH_EVERY_S, settings.CLOCKQ_PREFETCH_JOBS_PER_GPU
             ).start()
         try:
-            code = Supervisor(children, stop_grace_s=stop_grace).run_forever()
+            record_dir = leftovers.record_dir(settings.VAR_DIR)
+            code = Supervisor(children, stop_grace_s=stop_grace, name="gpuworkers", record_dir=record_dir).run_forever()
         finally:
             keeper.stop()
         raise SystemExit(code)
