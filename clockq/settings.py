@@ -31,6 +31,7 @@ from clockq.env import (
     persistent_secret,
     redis_url_problem,
 )
+from clockq.policy import affinity as _affinity
 from clockq.policy import control as _control
 from clockq.policy.ordering import BASE_LADDER_GPU_S, Ladder
 from clockq.policy.tiers import QUEUES_IN_ORDER
@@ -421,6 +422,9 @@ CLOCKQ_PERSIST_WAIT_S = env_float("CLOCKQ_PERSIST_WAIT_S", 30.0, min_value=0.0, 
 # Warm resume: live workloads a worker keeps after yielding them, bounded by count and state size.
 CLOCKQ_WARM_CACHE_JOBS = env_int("CLOCKQ_WARM_CACHE_JOBS", 2, min_value=0, max_value=64)
 CLOCKQ_WARM_CACHE_MB = env_int("CLOCKQ_WARM_CACHE_MB", 512, min_value=0)
+# Placement affinity (clockq/policy/affinity.py): how long a free GPU leaves a job yielded on
+# another worker, which holds it warm and is busy, to that worker. 0 turns it off.
+CLOCKQ_WARM_WAIT_S = env_float("CLOCKQ_WARM_WAIT_S", _affinity.WARM_WAIT_S, min_value=0.0, max_value=10.0)
 # Per-user limits, unless the admin sets other ones for a user (Quotas): jobs queued, running or
 # held at once, and checkpoint storage (what finished jobs keep counts until retention ends).
 CLOCKQ_QUOTA_ACTIVE_JOBS = env_int("CLOCKQ_QUOTA_ACTIVE_JOBS", 500, min_value=1)

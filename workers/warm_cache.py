@@ -18,16 +18,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from clockq.env import env_float
-from clockq.policy.affinity import WARM_WAIT_S as DEFAULT_WARM_WAIT_S
+from django.conf import settings
+
 from clockq.policy.metrics import Series
 from workers.workloads.base import Workload
 
 log = logging.getLogger("clockq.warm")
 
 # Placement affinity (clockq/policy/affinity.py): how long a free GPU leaves a job yielded on
-# another worker, which holds it warm and is busy, to that worker. 0 turns it off.
-WARM_WAIT_S = env_float("CLOCKQ_WARM_WAIT_S", DEFAULT_WARM_WAIT_S, min_value=0.0, max_value=10.0)
+# another worker, which holds it warm and is busy, to that worker (settings.CLOCKQ_WARM_WAIT_S).
+WARM_WAIT_S: float = settings.CLOCKQ_WARM_WAIT_S
 
 
 @dataclass
