@@ -18,6 +18,11 @@ PACKAGES = ("clockq", "webapp", "workers", "control", "predictor", "clockq_cli")
 PLANTS = {
     "Clients over one core": ("workers/planted.py", "import webapp.views", "workers.planted"),
     "The rest of clockq imports no client": ("clockq/stack/planted.py", "import control.tasks", "clockq.stack.planted"),
+    "The supervisor's home imports no role": (
+        "clockq/supervision/planted.py",
+        "import clockq.stack.roles",
+        "clockq.supervision.planted",
+    ),
     "The policy is pure": ("clockq/policy/planted.py", "import django.db", "clockq.policy.planted"),
     "The trace replay imports from clockq only clockq.policy": (
         "clockq/replay/planted.py",

@@ -1,26 +1,27 @@
 """What a supervisor started, written down, so that nothing it started outlives it unnoticed.
 
-Each supervisor (clockq/stack/supervisor.py: `runstack`, `gpuworkers`) keeps a record of itself
-and of each child it started, by pid and start time (clockq/stack/procs.py), in
+Each supervisor (clockq/supervision/supervisor.py: `runstack`, `gpuworkers`) keeps a record of
+itself and of each child it started, by pid and start time (clockq/supervision/procs.py), in
 `var/stack/<its pid>.json`, and removes it once it has stopped them all. A record whose
 supervisor is gone names what may be left of that stack: each recorded child still alive, and
 what is left of its process group (a gunicorn's workers, a Celery worker's pool).
 
 Two things read it:
 
-- the supervisor's undertaker (`watch`), a small process of its own session that holds the
-  read end of a pipe whose write end only the supervisor holds: when the pipe ends, the
-  supervisor is gone, whatever killed it, and the undertaker stops what its record still names;
-- the next start (`make run` runs this file before anything else; `runstack` calls
-  `stop_leftovers`), which stops what an earlier start of this checkout left running instead of
-  refusing on the ports it holds, and says so.
+- the supervisor's undertaker (`watch`, this file run as a script), a small process of its own
+  session that holds the read end of a pipe whose write end only the supervisor holds: when the
+  pipe ends, the supervisor is gone, whatever killed it, and the undertaker stops what its
+  record still names;
+- the next start (`stop_leftovers`: `make run` runs clockq/stack/leftovers.py before anything
+  else; `runstack` calls it too), which stops what an earlier start of this checkout left
+  running instead of refusing on the ports it holds, and says so.
 
 Only what a record names is ever signalled, and only while it is that process (same start time,
 same user); a process it has no record of, another checkout's (another var/), another user's,
 or one that took a recorded pid, is never touched.
 
-Standard library only: `make run` runs this file with the system's python3 before the virtual
-environment exists (`python3 clockq/stack/leftovers.py`).
+Standard library only: `make run` loads this file with the system's python3 before the virtual
+environment exists, and the undertaker runs it as a script.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 if __package__:
-    from clockq.stack import procs
-else:  # run as a script by `make run`: its folder is on the path, the clockq package is not
+    from clockq.supervision import procs
+else:  # run as a script (the undertaker, `make run`): its folder is on the path, the clockq package is not
     import procs  # type: ignore[no-redef]
 
 RECORD_DIR_NAME = "stack"
@@ -249,22 +250,12 @@ def watch(read_fd: int, path: Path, grace_s: float) -> int:
     return 0
 
 
-def default_var_dir(env: dict[str, str]) -> Path:
-    """CLOCKQ_VAR_DIR, else var/ in this checkout (as settings.py has it)."""
-    return Path(env.get("CLOCKQ_VAR_DIR") or Path(__file__).resolve().parents[2] / "var")
-
-
 def main(argv: list[str]) -> int:
-    """`leftovers.py`: stop what earlier starts left (what `make run` runs first);
-    `leftovers.py watch FD RECORD GRACE_S`: the undertaker a supervisor starts."""
+    """`records.py watch FD RECORD GRACE_S`: the undertaker a supervisor starts."""
     if argv[:1] == ["watch"] and len(argv) == 4:
         return watch(int(argv[1]), Path(argv[2]), float(argv[3]))
-    if argv:
-        print("usage: leftovers.py [watch FD RECORD GRACE_S]", file=sys.stderr)
-        return 2
-    for line in stop_leftovers(default_var_dir(dict(os.environ))):
-        print(f"clockq: {line}", flush=True)
-    return 0
+    print("usage: records.py watch FD RECORD GRACE_S", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Start, watch, restart and stop a set of child processes.
 
 Used by `gpuworkers` (one Celery worker per GPU, restarted when it dies) and by `runstack`
-(the whole single-machine system). Each child runs in its own process group, so stopping it
-reaches its own children too (a Celery worker's pool), and nothing else.
+(the whole single-machine system): a part of the core that both the launcher (clockq/stack/)
+and the gpu role (workers/) may use, which imports neither. Each child runs in its own process
+group, so stopping it reaches its own children too (a Celery worker's pool), and nothing else.
 
 Nothing it starts outlives it, whatever kills it, SIGKILL included:
 
@@ -11,7 +12,7 @@ Nothing it starts outlives it, whatever kills it, SIGKILL included:
   workers. The kernel sends it when the *thread* that forked the child ends, so children are
   started from the main thread only;
 - with a `record_dir`, it writes down each child by pid and start time, and starts an
-  undertaker (clockq/stack/leftovers.py) that learns of its death through a pipe and, after
+  undertaker (clockq/supervision/records.py) that learns of its death through a pipe and, after
   `stop_grace_s`, kills what is left (a child that hung and ignored the SIGTERM, or a
   grandchild that outlived its parent). A later start reads the same record to stop what is
   left when the undertaker was killed too.
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clockq.stack import leftovers, procs
+from clockq.supervision import procs, records
 
 log = logging.getLogger("clockq.supervisor")
 
@@ -90,9 +91,9 @@ class Supervisor:
         """A process of its own session (a kill of the supervisor's group does not reach it), which
         holds the read end of a pipe: the supervisor alone holds the write end, so the pipe ends
         exactly when the supervisor does."""
-        self.record_path = leftovers.write_record(record_dir, self.name, {})
+        self.record_path = records.write_record(record_dir, self.name, {})
         read_end, self._undertaker_pipe = os.pipe()  # neither end is inherited by the children
-        script = Path(leftovers.__file__)
+        script = Path(records.__file__)
         argv = [sys.executable, str(script), "watch", str(read_end), str(self.record_path), str(self.stop_grace_s)]
         try:
             self.undertaker = subprocess.Popen(argv, pass_fds=(read_end,), start_new_session=True)
@@ -123,7 +124,7 @@ class Supervisor:
         for child in self.children:
             if child.proc is not None and (who := procs.identity(child.proc.pid)) is not None:
                 running[child.name] = who
-        leftovers.write_record(self.record_dir, self.name, running)
+        records.write_record(self.record_dir, self.name, running)
 
     def poll_once(self) -> bool:
         """Restart or give up on children that died. Returns False once the supervisor must stop."""

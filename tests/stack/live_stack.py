@@ -11,7 +11,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from clockq.stack import procs
+from clockq.supervision import procs
 from tests.harness import ROOT, Service, free_port, wait_for
 
 ADMIN_PASSWORD = "stack-admin-pass-123"

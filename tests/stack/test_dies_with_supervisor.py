@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clockq.stack import procs
+from clockq.supervision import procs
 from tests.harness import ROOT, wait_for
 from tests.stack.live_stack import ADMIN_PASSWORD, Stack
 
@@ -47,7 +47,7 @@ def kill_and_restart(tmp_path_factory):
     bystander = subprocess.Popen(SLEEPER, cwd=ROOT, start_new_session=True)
     started = stack.processes()
     (flower,) = named(started, "-m clockq.flower")
-    undertakers = named(started, "leftovers.py watch")  # runstack's and gpuworkers'
+    undertakers = named(started, "records.py watch")  # runstack's and gpuworkers'
     seen = KillAndRestart(stack, started, flower, bystander)
     try:
         # And Flower hung (stopped: it cannot act on a SIGTERM), and the supervisors' undertakers

@@ -1,6 +1,7 @@
-"""What the next start stops (clockq/stack/leftovers.py): only what a dead supervisor's record
-names, while it is that process, its user's, and what is left of its process group. Real
-processes (sleepers); records written by the supervisor's own writer, with a dead supervisor."""
+"""What the next start stops (clockq/supervision/records.py; `make run` runs it through
+clockq/stack/leftovers.py): only what a dead supervisor's record names, while it is that
+process, its user's, and what is left of its process group. Real processes (sleepers); records
+written by the supervisor's own writer, with a dead supervisor."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clockq.stack import leftovers, procs
+from clockq.supervision import procs, records
 from tests.harness import ROOT, wait_for
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -52,12 +53,12 @@ def dead_identity() -> procs.Identity:
 def record(var_dir: Path, children: dict[str, procs.Identity], supervisor: procs.Identity | None) -> Path:
     """A record as a supervisor writes it, naming `supervisor` (None: this test process) instead."""
     if supervisor is None:
-        return leftovers.write_record(leftovers.record_dir(var_dir), "runstack", children)
-    written = leftovers.write_record(var_dir / "scratch", "runstack", children)
+        return records.write_record(records.record_dir(var_dir), "runstack", children)
+    written = records.write_record(var_dir / "scratch", "runstack", children)
     body = json.loads(written.read_text())
     written.unlink()
     body["supervisor"] = [supervisor.pid, supervisor.start]
-    path = leftovers.record_dir(var_dir) / f"{supervisor.pid}.json"
+    path = records.record_dir(var_dir) / f"{supervisor.pid}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(body))
     return path
@@ -110,7 +111,7 @@ def test_nothing_is_touched_that_a_dead_supervisors_record_does_not_name_as_it_i
     bystander = started(SLEEPER)
 
     # When the next start looks for leftovers
-    said = leftovers.stop_leftovers(var, grace_s=5)
+    said = records.stop_leftovers(var, grace_s=5)
 
     # Then every one of them still runs, and nothing was said to be stopped
     assert all(map(procs.is_alive, [reused, live_child, elsewhere, bystander, *([other_user] if other_user else [])]))
@@ -119,16 +120,16 @@ def test_nothing_is_touched_that_a_dead_supervisors_record_does_not_name_as_it_i
 
 def test_a_file_that_is_not_a_record_is_reported_and_the_start_goes_on(tmp_path, started):
     var = tmp_path / "var"
-    leftovers.record_dir(var).mkdir(parents=True)
-    (leftovers.record_dir(var) / "123.json").write_text("{not json")
+    records.record_dir(var).mkdir(parents=True)
+    (records.record_dir(var) / "123.json").write_text("{not json")
     child = started(SLEEPER)
     record(var, {"beat": child}, supervisor=dead_identity())
 
-    said = leftovers.stop_leftovers(var, grace_s=5)
+    said = records.stop_leftovers(var, grace_s=5)
 
     assert any("123.json is not a supervisor's record" in line for line in said), said
     assert not procs.is_alive(child)  # the rest is still done
-    assert (leftovers.record_dir(var) / "123.json").exists()  # left for a person to judge
+    assert (records.record_dir(var) / "123.json").exists()  # left for a person to judge
 
 
 def test_a_leftover_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, started):
@@ -140,7 +141,7 @@ def test_a_leftover_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, sta
     wait_for(ready.exists, 10, what="the stubborn child to ignore SIGTERM")
     record(var, {"control": stubborn}, supervisor=dead_identity())
 
-    (said,) = leftovers.stop_leftovers(var, grace_s=0.5)
+    (said,) = records.stop_leftovers(var, grace_s=0.5)
 
     assert not procs.is_alive(stubborn)
     assert f"killed after 0.5 s: pid {stubborn.pid}" in said

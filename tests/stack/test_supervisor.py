@@ -14,8 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
-from clockq.stack import leftovers, procs
-from clockq.stack.supervisor import Child, Supervisor
+from clockq.supervision import procs, records
+from clockq.supervision.supervisor import Child, Supervisor
 from tests.harness import ROOT, wait_for
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -56,7 +56,7 @@ def test_a_failing_before_last_still_stops_the_broker():
 SUPERVISE = """
 import json, sys
 from pathlib import Path
-from clockq.stack.supervisor import Child, Supervisor
+from clockq.supervision.supervisor import Child, Supervisor
 argvs, record_dir, grace = json.loads(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 children = [Child(f"child{i}", argv) for i, argv in enumerate(argvs)]
 Supervisor(children, stop_grace_s=grace, record_dir=Path(record_dir) if record_dir else None).run_forever()
@@ -98,12 +98,12 @@ def test_its_undertaker_kills_a_child_that_ignores_sigterm_and_what_another_left
     # Given a supervisor with a record: a child that ignores SIGTERM, and one with a grandchild
     ready = tmp_path / "ready"
     stubborn = f"import signal, time; signal.signal(15, signal.SIG_IGN); open({str(ready)!r}, 'w'); time.sleep(600)"
-    records = tmp_path / "stack"
-    supervisor = supervise([[sys.executable, "-c", stubborn], ["sh", "-c", "sleep 600 & wait"]], records, grace_s=1)
+    record_dir = tmp_path / "stack"
+    supervisor = supervise([[sys.executable, "-c", stubborn], ["sh", "-c", "sleep 600 & wait"]], record_dir, grace_s=1)
     try:
         wait_for(ready.exists, 30, what="the stubborn child to ignore SIGTERM")
         everyone = wait_for(lambda: len(found := descendants(supervisor.pid)) == 4 and found, 30, what="them all")
-        (record,) = records.glob("*.json")
+        (record,) = record_dir.glob("*.json")
 
         # When the supervisor is killed with SIGKILL
         supervisor.kill()
@@ -122,7 +122,7 @@ def test_a_clean_stop_removes_the_record_and_ends_the_undertaker(tmp_path):
     supervisor = Supervisor([child], stop_grace_s=10, name="gpuworkers", record_dir=tmp_path)
     supervisor.start_all()
     try:
-        record = leftovers.read_record(supervisor.record_path)
+        record = records.read_record(supervisor.record_path)
         assert record.name == "gpuworkers" and record.children == {"worker": procs.identity(child.proc.pid)}
     finally:
         supervisor.stop_all()

@@ -5,7 +5,7 @@ migrates, ensures the admin user, starts a private Redis unless REDIS_URL is set
 role (clockq/stack/roles.py). `--role web,beat,...` starts only those roles, as one host of a
 cluster that shares one PostgreSQL, one Redis and one checkpoint folder; a setup that would run
 alone by mistake is refused first (clockq/stack/preflight.py). Ctrl-C or SIGTERM stops
-everything it started; so does its death by any other means (clockq/stack/supervisor.py), and
+everything it started; so does its death by any other means (clockq/supervision/supervisor.py), and
 what an earlier start of this checkout left running is stopped before this one checks its ports
 (clockq/stack/leftovers.py).
 """
@@ -36,8 +36,9 @@ from clockq.bus.redis_server import redis_server_argv
 from clockq.env import persistent_secret
 from clockq.fleet import marker, registry
 from clockq.management.commands.ensureadmin import ADMIN_USERNAME, admin_password
-from clockq.stack import leftovers, ports, preflight, roles
-from clockq.stack.supervisor import Child, Supervisor
+from clockq.stack import ports, preflight, roles
+from clockq.supervision import records
+from clockq.supervision.supervisor import Child, Supervisor
 
 log = logging.getLogger("clockq.runstack")
 
@@ -114,7 +115,7 @@ class Command(BaseCommand):
         )
         if problems:
             raise CommandError("refusing to start:\n  " + "\n  ".join(problems))
-        for line in leftovers.stop_leftovers(settings.VAR_DIR):
+        for line in records.stop_leftovers(settings.VAR_DIR):
             self.stdout.write(line)
         self._check_ports(wanted, bind)
         protect_var_dir(settings.VAR_DIR)
@@ -139,7 +140,7 @@ class Command(BaseCommand):
                 stop_grace_s=60,
                 before_last=keeper.stop,
                 name="runstack",
-                record_dir=leftovers.record_dir(settings.VAR_DIR),
+                record_dir=records.record_dir(settings.VAR_DIR),
             )
             code = supervisor.run_forever()
         finally:

@@ -12,9 +12,9 @@ from django.core.management.base import BaseCommand, CommandError
 from clockq.bus import names
 from clockq.bus.client import client
 from clockq.fleet import registry
-from clockq.stack import leftovers
 from clockq.stack.roles import gpu_worker_argv, rt_lane_argv
-from clockq.stack.supervisor import Child, Supervisor
+from clockq.supervision import records
+from clockq.supervision.supervisor import Child, Supervisor
 from workers import sandbox
 from workers.gpus import discover, gpu_worker_env
 from workers.prefetch import Prefetcher
@@ -77,7 +77,7 @@ class Command(BaseCommand):
                 gpus, settings.CLOCKQ_CACHE_DIR, settings.CLOCKQ_PREFETCH_EVERY_S, settings.CLOCKQ_PREFETCH_JOBS_PER_GPU
             ).start()
         try:
-            record_dir = leftovers.record_dir(settings.VAR_DIR)
+            record_dir = records.record_dir(settings.VAR_DIR)
             code = Supervisor(children, stop_grace_s=stop_grace, name="gpuworkers", record_dir=record_dir).run_forever()
         finally:
             keeper.stop()
