@@ -16,6 +16,7 @@ from clockq.control_state import scale_hook
 from clockq.forecasting import load_history
 from clockq.jobs import promotion, queue_samples, service_levels
 from clockq.kpis import reports as kpis
+from clockq.policy.tiers import BP
 from control import reaper, reconcile, retention
 
 log = logging.getLogger("clockq.tasks")
@@ -43,7 +44,7 @@ def promotion_tick() -> int:
 
 
 @shared_task(name="clockq.batch_chance", ignore_result=True)
-def batch_chance(tier="BP") -> int:
+def batch_chance(tier=BP.code) -> int:
     if not isinstance(tier, str):
         log.error("batch chance: the periodic task's kwargs must name a tier code, got %r", tier)
         return 0

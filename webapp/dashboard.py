@@ -31,6 +31,7 @@ from clockq.bus.client import client
 from clockq.jobs.models import Job, QueueTier
 from clockq.policy.kpis import WAIT_BUCKETS_MS
 from clockq.policy.states import JobState
+from clockq.policy.tiers import BK, BP, HP, RT, SP
 from webapp.dashboard_series import fine_series, kpi_charts, load_and_control, plotly_time
 from webapp.dashboard_timeline import slice_timeline
 
@@ -42,7 +43,7 @@ TIMELINE_SECONDS = (60, 120, 300, 600)
 DEFAULT_KPI_MINUTES, DEFAULT_TIMELINE_S = 15, 120
 
 # Tier colours: urgent is warm. A tier added in the admin gets a colour from the rest.
-TIER_COLOURS = {"RT": "#d62728", "HP": "#ff7f0e", "SP": "#1f77b4", "BP": "#2ca02c", "BK": "#7f7f7f"}
+TIER_COLOURS = {RT.code: "#d62728", HP.code: "#ff7f0e", SP.code: "#1f77b4", BP.code: "#2ca02c", BK.code: "#7f7f7f"}
 SPARE_COLOURS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 
 

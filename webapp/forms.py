@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from clockq.jobs import client_input, quotas, workloads
 from clockq.jobs.workload_params import clean_params
-from clockq.policy.tiers import TIER_CODES
+from clockq.policy.tiers import DEFAULT_TIER, TIER_CODES
 from webapp import param_fields
 
 MAX_PARAMS_BYTES = 16 * 1024
@@ -90,7 +90,7 @@ class SubmittedJSONField(forms.JSONField):
 
 class JobSubmitForm(forms.Form):
     name = forms.CharField(max_length=200, strip=True)
-    tier = forms.ChoiceField(choices=[(c, c) for c in TIER_CODES], initial="SP")
+    tier = forms.ChoiceField(choices=[(c, c) for c in TIER_CODES], initial=DEFAULT_TIER.code)
     workload = forms.ChoiceField(choices=())
     params = SubmittedJSONField(name="params", required=False, initial=dict, widget=forms.Textarea(attrs={"rows": 4}))
     deadline = forms.DateTimeField(required=False, help_text="Optional; ISO 8601, e.g. 2030-01-31T18:00:00Z")

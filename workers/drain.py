@@ -20,7 +20,7 @@ from clockq.bus import consumers, lanes
 from clockq.bus.signals import Interrupts
 from clockq.celery import app
 from clockq.fleet import registry
-from clockq.policy.tiers import QUEUES_IN_ORDER
+from clockq.policy.tiers import QUEUES_IN_ORDER, REALTIME_QUEUES
 
 log = logging.getLogger("clockq.drain")
 
@@ -34,7 +34,7 @@ def is_drained(hostname: str) -> bool:
 
 def queues_of(hostname: str) -> tuple[str, ...]:
     """The tier queues a GPU worker takes jobs from: all five, or only RT's for a GPU's RT lane."""
-    return QUEUES_IN_ORDER[:1] if lanes.main_of(hostname) is not None else QUEUES_IN_ORDER
+    return REALTIME_QUEUES if lanes.main_of(hostname) is not None else QUEUES_IN_ORDER
 
 
 def consuming(consumer: Any) -> bool:

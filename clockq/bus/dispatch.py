@@ -1,4 +1,11 @@
-"""The dispatch message: (job id, dispatch token) and nothing else. It is only a wake-up."""
+"""The dispatch message: (job id, dispatch token) and nothing else. It is only a wake-up.
+
+The tier travels as the queue the message is pushed onto: a queue is its tier's, one to one
+(`TierSpec.queue_name`), so the message needs no rank of its own, and a message of any version
+in flight during an upgrade reads the same (docs/DESIGN.md, invariant 1: the database is the
+truth). What the sender needs of the tier (whether it interrupts) is the definition's, read by
+the queue's name (`TIER_BY_QUEUE`), not by its place in a list.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +17,7 @@ import redis
 from clockq.bus import celery_message, signals
 from clockq.bus.client import client
 from clockq.celery import app
-from clockq.policy import ordering
-from clockq.policy.tiers import QUEUES_IN_ORDER
+from clockq.policy.tiers import TIER_BY_QUEUE
 
 log = logging.getLogger("clockq.dispatch")
 
@@ -52,13 +58,10 @@ def publish_dispatches(messages: Sequence[tuple[int, str, str]]) -> int:
             "dispatch of %d job(s) (from job %s) failed (%s); the reconciler will retry", len(messages), first, exc
         )
         return 0
-    urgent = [rank for rank in map(_rank_of, (queue for _, _, queue in messages)) if ordering.interrupts(rank)]
+    tiers = [TIER_BY_QUEUE.get(queue) for _, _, queue in messages]
+    urgent = [t.rank for t in tiers if t is not None and t.interrupts]
     if urgent:
         # A job that makes its victim leave at once (RT, HP): each busy GPU it could displace
         # asks the order at its next step whether it is the victim. One signal for a batch.
         signals.announce_urgent(client(), min(urgent))
     return len(messages)
-
-
-def _rank_of(queue_name: str) -> int:
-    return QUEUES_IN_ORDER.index(queue_name) if queue_name in QUEUES_IN_ORDER else len(QUEUES_IN_ORDER)

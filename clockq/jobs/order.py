@@ -26,12 +26,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 
+from clockq.bus import free_gpus
 from clockq.jobs import hot_sql
 from clockq.jobs.hot_sql import column, table
 from clockq.jobs.models import Job, QueueTier, UserShare
 from clockq.policy import ordering
 from clockq.policy.states import JobState
-from clockq.policy.tiers import TIERS
+from clockq.policy.tiers import TIER_BY_RANK
 
 # User shares count service as 2 ** (t / half-life) from this moment (`ordering.share_weight`),
 # so that a stored share never needs to decay. A float holds that for 1,000 half-lives, some 19
@@ -70,7 +71,7 @@ def heads() -> list[Waiting | None]:
     with connection.cursor() as cursor:
         cursor.execute(_heads_sql(connection.vendor, ladder()), [str(JobState.QUEUED)])
         for job_id, token, rank, level, promoted, share in cursor.fetchall():
-            if 0 <= rank < len(found):
+            if rank in range(len(found)):
                 found[rank] = Waiting(_standing(job_id, rank, level, promoted, share), token)
     return found
 
@@ -159,7 +160,7 @@ def make_way(
     mine = now_running[me]
     level = ladder().level(mine.standing.rank, (mine.level_ms + serving_ms) / 1000)
     now_running[me] = dataclasses.replace(mine, standing=dataclasses.replace(mine.standing, level=level))
-    free = len(set(freed) - {r.worker for r in now_running})
+    free = len(free_gpus.free_of(freed, {r.worker for r in now_running}))
     waiting = heads()
     found = ordering.victim_for(
         me,
@@ -186,7 +187,7 @@ def make_way(
 def describe(w: Waiting) -> str:
     s = w.standing
     promoted = ", promoted" if s.promoted else ""
-    return f"job #{s.job_id} ({TIERS[s.rank].code}{promoted}, service level {s.level})"
+    return f"job #{s.job_id} ({TIER_BY_RANK[s.rank].code}{promoted}, service level {s.level})"
 
 
 def add_service(owner_id: int, tier_id: int, gpu_ms: float, at: dt.datetime) -> None:

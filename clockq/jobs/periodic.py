@@ -13,6 +13,7 @@ from django.db.models import Max
 
 from clockq.jobs import queue_samples
 from clockq.policy.promotion import BATCH_CHANCE_EVERY_S, PROMOTION_TICK_S
+from clockq.policy.tiers import BP
 
 QUEUE_SAMPLE = "clockq: queue sample"
 
@@ -38,7 +39,7 @@ PERIODIC_TASKS: tuple[Periodic, ...] = (
         "clockq: batch chance BP",
         "clockq.batch_chance",
         BATCH_CHANCE_EVERY_S,
-        {"tier": "BP"},
+        {"tier": BP.code},
         description="The oldest waiting BP jobs are lifted to a more urgent tier (tiers: chance jobs, chance to).",
     ),
     Periodic(

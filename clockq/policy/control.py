@@ -45,6 +45,10 @@ from datetime import datetime, timedelta
 
 from clockq.policy import ordering
 
+# Real-time inference is worthless late (RT times out after 1 s): it is admitted whatever the
+# forecast, and it is a small share of the load (`TierSpec.always_admitted`).
+from clockq.policy.tiers import ALWAYS_ADMITTED
+
 CLOSE_ABOVE = 0.85
 REOPEN_BELOW = 0.75
 PREFETCH_BELOW = 0.30
@@ -59,9 +63,6 @@ PERSISTENCE = "persistence"
 # this it is a broken forecast, not a busy cluster.
 MAX_FORECAST = 100.0
 
-# Real-time inference is worthless late (RT times out after 1 s): it is admitted whatever the
-# forecast, and it is a small share of the load.
-ALWAYS_ADMITTED = frozenset({"RT"})
 # What a closed admission holds (module docstring): only jobs that would wait anyway, or every
 # new job but RT.
 HOLD_WHEN_FULL = "when-full"

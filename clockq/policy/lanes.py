@@ -13,10 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from clockq.policy.ordering import interrupts
-from clockq.policy.tiers import TIERS
-
-RT_RANK = next(t.rank for t in TIERS if t.code == "RT")
+from clockq.policy.ordering import interrupts, is_realtime
 
 
 class LanePath(StrEnum):
@@ -68,8 +65,8 @@ def lanes_take_urgent(waiting: list[int], idle_lanes: int) -> bool:
     """At a running job's look for an urgent job: whether idle RT lanes take every urgent job
     waiting, so that no running job makes way through a checkpoint. Only RT jobs go to lanes:
     an HP job waiting is the order's to place, as without lanes."""
-    urgent_beyond_rt = any(n for rank, n in enumerate(waiting) if rank != RT_RANK and interrupts(rank))
-    rt_waiting = waiting[RT_RANK] if len(waiting) > RT_RANK else 0
+    urgent_beyond_rt = any(n for rank, n in enumerate(waiting) if not is_realtime(rank) and interrupts(rank))
+    rt_waiting = sum(n for rank, n in enumerate(waiting) if is_realtime(rank))
     return rt_waiting > 0 and not urgent_beyond_rt and idle_lanes >= rt_waiting
 
 

@@ -47,6 +47,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from clockq.policy.tiers import BEST_EFFORT_RANKS, INTERRUPTING_RANKS, REALTIME_RANKS, TIERS
+
 # The ladder for the least urgent tier, in GPU-seconds: 5 GPU-minutes, then x4 per rung (20
 # and 80 GPU-minutes, 5.3, 21 and 85 GPU-hours). Geometric rungs: a job's level tells its
 # service within a factor of 4, whatever the trace's time scale. Finer rungs come nearer to
@@ -58,13 +60,9 @@ BASE_LADDER_GPU_S: tuple[float, ...] = (300.0, 1_200.0, 4_800.0, 19_200.0, 76_80
 # Each step of urgency stretches the ladder (RT 2.44x, HP 1.95x, SP 1.56x, BP 1.25x, BK 1x with
 # five tiers); see the module docstring for why mild.
 WEIGHT_PER_RANK = 1.25
-# The urgent tiers (RT and HP of the five: ranks below this one) interrupt their victim at its
-# next step instead of waiting for its slice to end: their wait targets are promises, and they
-# are few enough that their interrupts stay within the overhead budget.
-INTERRUPT_BELOW_RANK = 2
-# The best-effort tiers (BP and BK of the five: ranks from this one) and their bounded share of
-# the GPUs under saturation.
-SHARE_FROM_RANK = 3
+# Which tiers interrupt their victim, which share the best-effort GPUs and which are real-time
+# is each tier's own (`TierSpec.interrupts`, `.best_effort`, `.realtime` in clockq/policy/tiers.py).
+# The best-effort tiers' bounded share of the GPUs under saturation:
 LOWER_TIER_SHARE = 0.1
 # A user's recent service decays with this half-life (Slurm's PriorityDecayHalfLife default).
 FAIR_SHARE_HALF_LIFE_S = 7 * 86_400.0
@@ -79,7 +77,7 @@ class Ladder:
 
     base_gpu_s: tuple[float, ...] = BASE_LADDER_GPU_S
     weight_per_rank: float = WEIGHT_PER_RANK
-    tiers: int = 5
+    tiers: int = len(TIERS)
 
     def __post_init__(self) -> None:
         rungs = self.base_gpu_s
@@ -158,14 +156,19 @@ def may_displace(waiting: Standing, running: Standing) -> bool:
     """Whether `waiting` should have `running`'s GPU: it comes first in the order. RT does not
     displace RT (it waits for a free GPU or a lower-tier victim): an RT job's slice is the
     latency promise of another RT job."""
-    if running.rank == 0 and waiting.rank == 0:
+    if running.rank in REALTIME_RANKS and waiting.rank in REALTIME_RANKS:
         return False
     return outranks(waiting, running)
 
 
+def is_realtime(rank: int) -> bool:
+    """Whether a tier of this rank is real-time work (`TierSpec.realtime`)."""
+    return rank in REALTIME_RANKS
+
+
 def interrupts(rank: int) -> bool:
     """Whether a waiting job of this tier makes its victim leave at once (`leaves_at`)."""
-    return rank < INTERRUPT_BELOW_RANK
+    return rank in INTERRUPTING_RANKS
 
 
 def may_interrupt(rank: int, running: Standing) -> bool:
@@ -208,9 +211,9 @@ def pick_victim(
     the first job `waiting` may not displace: with the furthest back first, a job better placed
     than it is never taken, nor any behind it. `candidates` is consumed lazily, so a caller may
     feed it from a heap. For a gang, call it again after each victim, with the share updated."""
-    by_cost = interrupts(waiting.rank)
+    by_cost, for_rt = interrupts(waiting.rank), is_realtime(waiting.rank)
     for i, running in enumerate(candidates):
-        if share_protects(running, for_rt=waiting.rank == 0, held_by_lower=held_by_lower, total_gpus=total_gpus):
+        if share_protects(running, for_rt=for_rt, held_by_lower=held_by_lower, total_gpus=total_gpus):
             continue
         if may_displace(waiting, running):
             return i
@@ -227,7 +230,7 @@ def lower_share_gpus(total_gpus: int) -> int:
 
 def in_lower_share(rank: int) -> bool:
     """Whether a tier of this rank is one of the best-effort tiers that share `LOWER_TIER_SHARE`."""
-    return rank >= SHARE_FROM_RANK
+    return rank in BEST_EFFORT_RANKS
 
 
 def pick_next(heads: Sequence[Standing | None], *, held_by_lower: int, total_gpus: int, free_gpus: int) -> int | None:
@@ -241,7 +244,7 @@ def pick_next(heads: Sequence[Standing | None], *, held_by_lower: int, total_gpu
     best = min(present)[1]
     first = heads[best]
     assert first is not None
-    if first.rank == 0 or in_lower_share(first.rank) or held_by_lower >= lower_share_gpus(total_gpus):
+    if is_realtime(first.rank) or in_lower_share(first.rank) or held_by_lower >= lower_share_gpus(total_gpus):
         return best
     lower = [(key, i) for key, i in present if in_lower_share(key[1]) and heads[i].gpus <= free_gpus]  # type: ignore[union-attr]
     return min(lower)[1] if lower else best

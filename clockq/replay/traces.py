@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from clockq.policy.tiers import TIERS, TierSpec
+from clockq.policy.tiers import BK, BP, HP, RT, SP, TIERS, TierSpec
 from clockq.replay.model import Trace, TraceError, TraceJob
 
 FORMATS = ("alibaba", "tiresias", "csv")
@@ -128,13 +128,13 @@ def _alibaba(row: _Row, submit: float, checkpoint_mb: float) -> _Job | str:
     shared = milli < 1000
     qos = row.text("qos")
     if qos == "LS":
-        tier = "RT" if shared else "HP"
+        tier = RT.code if shared else HP.code
     elif qos == "Guaranteed":
-        tier = "HP"
+        tier = HP.code
     elif qos == "Burstable":
-        tier = "SP"
+        tier = SP.code
     elif qos == "BE":
-        tier = "BK" if shared else "BP"
+        tier = BK.code if shared else BP.code
     else:
         row.fail("qos", f"unknown qos {qos!r}; expected LS, Guaranteed, Burstable or BE")
     return _Job(row.key("name"), end - start, num_gpu, tier, checkpoint_mb, avg_util=min(milli / 1000, 1.0))
@@ -159,7 +159,7 @@ def _tiresias(row: _Row, submit: float, checkpoint_mb: float) -> _Job | str:
     num_gpu = row.count("num_gpu")
     duration = row.number("duration", positive=True)
     gpu_s = num_gpu * duration  # the trace's own seconds: the tier does not move with duration_scale
-    tier = "HP" if gpu_s <= TIRESIAS_HP_GPU_S else "SP" if gpu_s <= TIRESIAS_SP_GPU_S else "BP"
+    tier = HP.code if gpu_s <= TIRESIAS_HP_GPU_S else SP.code if gpu_s <= TIRESIAS_SP_GPU_S else BP.code
     model = row.text("model_name")
     params_m = MODEL_PARAMS_M.get(model.lower())
     note = None
@@ -256,7 +256,10 @@ _FORMAT_COLUMNS = {  # submit column, then the other required columns
     "tiresias": ("submit_time", "job_id", "num_gpu", "model_name", "duration"),
     "csv": ("submit_time", "duration", "num_gpu", "tier"),
 }
-_FORMAT_TIERS = {"alibaba": ("RT", "HP", "SP", "BP", "BK"), "tiresias": ("HP", "SP", "BP")}
+_FORMAT_TIERS = {
+    "alibaba": tuple(t.code for t in (RT, HP, SP, BP, BK)),
+    "tiresias": tuple(t.code for t in (HP, SP, BP)),
+}
 
 
 def _check_arguments(

@@ -66,8 +66,9 @@ class Victims:
         """The walk over the classes behind `waiting`'s, merged by victim key."""
         mine = ordering.job_class(waiting)
         tops: list[tuple[tuple, tuple]] = []  # (top entry's key, class) of each class behind mine
+        rt = ordering.is_realtime(waiting.rank)
         for cls, heap in self._by_class.items():
-            if mine < cls and self._clean(heap) and not (waiting.rank == 0 and cls[1] == 0):
+            if mine < cls and self._clean(heap) and not (rt and ordering.is_realtime(cls[1])):
                 tops.append((heap[0][0], cls))
         heapq.heapify(tops)
         passed: list[tuple[tuple, Entry]] = []

@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand
 
 from clockq.bus import heartbeat
 from clockq.jobs import services, workloads
+from clockq.policy.tiers import BK, BP, HP, RT, SP
 
 DEFAULT_GPUS = 2  # when no GPU worker says otherwise
 
@@ -37,16 +38,19 @@ class DemoJob:
 # About 200 s of GPU work each: HP keeps the GPUs for 5 min or so.
 FINETUNE = {"steps": 20_000, "step_ms": 10, "state_kb": 256, "gpu_util": 0.9}
 TRAIN = {"steps": 3_000, "step_ms": 10, "state_kb": 1024, "gpu_util": 0.7}
-HP_FINETUNE = DemoJob("HP", "finetune-{i}", "synthetic", FINETUNE)
+HP_FINETUNE = DemoJob(HP.code, "finetune-{i}", "synthetic", FINETUNE)
 STARVED_SP = [
-    *[DemoJob("SP", f"train-{i}", "synthetic", TRAIN) for i in range(3)],
-    DemoJob("SP", "keras-regression", "keras_train", {"steps": 300}),
+    *[DemoJob(SP.code, f"train-{i}", "synthetic", TRAIN) for i in range(3)],
+    DemoJob(SP.code, "keras-regression", "keras_train", {"steps": 300}),
 ]
 WAITING = [
-    *[DemoJob("BP", f"nightly-report-{i}", "matmul", {"size": 256, "steps": 400}) for i in range(2)],
-    *[DemoJob("BK", f"experiment-{i}", "synthetic", {"steps": 300, "step_ms": 10, "gpu_util": 0.3}) for i in range(4)],
+    *[DemoJob(BP.code, f"nightly-report-{i}", "matmul", {"size": 256, "steps": 400}) for i in range(2)],
+    *[
+        DemoJob(BK.code, f"experiment-{i}", "synthetic", {"steps": 300, "step_ms": 10, "gpu_util": 0.3})
+        for i in range(4)
+    ],
 ]
-RT_INFERENCE = DemoJob("RT", "inference-{wave}-{i}", "synthetic", {"steps": 3, "step_ms": 5})
+RT_INFERENCE = DemoJob(RT.code, "inference-{wave}-{i}", "synthetic", {"steps": 3, "step_ms": 5})
 
 
 class Command(BaseCommand):
