@@ -1,6 +1,6 @@
-"""What only the benchmarks in bench/ need, on top of the tests' harness (tests/harness.py,
-which starts and stops every process): a private clockq to measure, Celery's task events, and
-small statistics.
+"""What only the benchmarks in bench/ need, on top of the child processes and waits they share with
+the tests (bench/harness.py, which starts and stops every process): a private clockq to measure,
+Celery's task events, and small statistics.
 
 Every process is started in its own process group and stopped through that group only, so
 nothing here touches a process it did not start.
@@ -32,11 +32,12 @@ def root_on_path() -> None:
 
 
 root_on_path()
-# The processes and waits are the tests' own (tests/harness.py): one harness for both.
-from tests.harness import RedisServer as RedisServer  # noqa: E402
-from tests.harness import Service as Service  # noqa: E402
-from tests.harness import free_port as free_port  # noqa: E402
-from tests.harness import wait_for as wait_for  # noqa: E402
+# The processes and waits are shared with the tests (bench/harness.py), which import them from
+# bench, never the other way round: one harness for both.
+from bench.harness import RedisServer as RedisServer  # noqa: E402
+from bench.harness import Service as Service  # noqa: E402
+from bench.harness import free_port as free_port  # noqa: E402
+from bench.harness import wait_for as wait_for  # noqa: E402
 
 
 def filesystem_of(path: Path) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.harness import ROOT
 
-PACKAGES = ("clockq", "webapp", "workers", "control", "predictor", "clockq_cli")
+PACKAGES = ("clockq", "webapp", "workers", "control", "predictor", "clockq_cli", "bench")
 
 # contract name (its first words) -> (file to plant the import in, the import, module it is charged to)
 PLANTS = {
@@ -23,6 +23,7 @@ PLANTS = {
         "import clockq.stack.roles",
         "clockq.supervision.planted",
     ),
+    "The settings import nothing of the launcher": ("clockq/env.py", "import clockq.stack.ports", "clockq.env"),
     "The policy is pure": ("clockq/policy/planted.py", "import django.db", "clockq.policy.planted"),
     "The trace replay imports from clockq only clockq.policy": (
         "clockq/replay/planted.py",
@@ -38,6 +39,7 @@ PLANTS = {
         "import clockq_cli.config",
         "control.planted_cli",
     ),
+    "The benchmarks never import the tests": ("bench/planted.py", "import tests.harness", "bench.planted"),
 }
 
 
