@@ -68,8 +68,8 @@ def test_a_command_programs_result_folder_never_hands_over_a_linked_file(tmp_pat
     """The program owns CLOCKQ_RESULT_DIR; a link there (or the folder itself a link) fails the
     job instead of copying a file the worker can read and the job's owner should not."""
     from workers.job_folder import JobFolder
-    from workers.storage_watch import unaccounted_allowance
     from workers.workloads.command import CommandWorkload
+    from workers.workloads.command_storage import ProgramStorage
 
     work = tmp_path / "work"
     (work / "result").mkdir(parents=True)
@@ -77,7 +77,7 @@ def test_a_command_programs_result_folder_never_hands_over_a_linked_file(tmp_pat
     workload = CommandWorkload({"argv": ["true"]})
     workload.folder = JobFolder(work, None)
     # Set up as setup() would outside a claim: the per-job storage caps alone.
-    workload.work_dir, workload.allowance, workload.held_elsewhere = work, unaccounted_allowance(), 0
+    workload.work_dir, workload.storage = work, ProgramStorage(None, workload.folder, work)
     out = tmp_path / "out"
     out.mkdir()
     workload.write_result(out)

@@ -44,7 +44,7 @@ open("report.json", "w").write(json.dumps(report))
 
 
 def test_the_program_inherits_nothing_of_clockqs_settings():
-    from workers.workloads.command import program_environment
+    from workers.workloads.program_start import program_environment
 
     worker = {
         "PATH": "/usr/bin",

@@ -86,10 +86,7 @@ Storage
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -100,19 +97,34 @@ from pathlib import Path
 
 from django.conf import settings
 
-from clockq.jobs import quotas
-from clockq.jobs.quotas import Allowance
-from clockq.jobs.results import MAX_FILES as MAX_RESULT_FILES
-from clockq.jobs.results import SAFE_NAME as SAFE_RESULT_NAME
-from clockq.jobs.results import ResultError
-from workers.job_folder import JobFolder, UnsafeEntry
+from workers.job_folder import JobFolder
 from workers.memory_bound import MemoryLimitExceeded
 from workers.program_bounds import ProgramBounds
 from workers.program_output import OutputTail
 from workers.sandbox import Pidfd, UidLease, first_child, prepare_work_dir, read_child_pid, sandbox_for_commands
-from workers.storage_watch import JobStorage, StorageWatch, folder_usage, store_room, unaccounted_allowance
-from workers.workloads.base import JobRefused, RunContext, StartAbandoned, Workload
-from workers.workloads.program_start import cannot_start, catches_signal, exec_failure, program_problem, start_error
+from workers.workloads.base import RunContext, StartAbandoned, Workload
+from workers.workloads.command_files import (
+    CHECKPOINT_NAME,
+    METRICS_NAME,
+    PROGRESS_NAME,
+    RESULT_DIR_NAME,
+    STDERR_NAME,
+    STDOUT_NAME,
+    copy_result,
+    kept_log,
+    read_checkpoint,
+    read_metrics,
+    read_progress,
+)
+from workers.workloads.command_storage import ProgramStorage, StorageLimitExceeded
+from workers.workloads.program_start import (
+    cannot_start,
+    catches_signal,
+    exec_failure,
+    program_environment,
+    program_problem,
+    start_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,42 +135,6 @@ HANDLER_WAIT_S = 2.0  # ample for an interpreter's start; a program that install
 HANDLER_POLL_S = 0.002
 STDERR_TAIL_BYTES = 2048
 MAX_RUNNING_PROGRESS = 0.999
-USAGE_REPORT_EVERY_S = 1.0
-
-
-class CheckpointTooBig(RuntimeError):
-    """The program's checkpoint is bigger than the job may store, or than the store has room
-    for: the job's failure, counted (the program may write a smaller one on its retry)."""
-
-
-class StorageLimitExceeded(JobRefused):
-    """The program, its checkpoint or its result passed the job's storage allowance: the job
-    fails at once, with the limit named; a retry would pass it again."""
-
-
-# Settings a job's program must not see: clockq's database, broker (address and password),
-# secrets, ports and every other clockq, Celery, Django and Flower setting.
-WITHHELD_ENV = frozenset({"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "PORT"})
-WITHHELD_ENV_PREFIXES = ("CLOCKQ_", "CELERY", "DJANGO_", "FLOWER_")
-
-
-def program_environment(worker_env: dict[str, str]) -> dict[str, str]:
-    """The worker's environment less everything of clockq's: what a program may inherit (PATH,
-    locale, CUDA_VISIBLE_DEVICES, its own libraries' settings)."""
-    return {
-        name: value
-        for name, value in worker_env.items()
-        if name not in WITHHELD_ENV and not name.startswith(WITHHELD_ENV_PREFIXES)
-    }
-
-
-CHECKPOINT_NAME = "checkpoint"
-PROGRESS_NAME = "progress"
-STDOUT_NAME = "stdout.log"
-RESULT_DIR_NAME = "result"
-METRICS_NAME = "metrics.jsonl"
-METRICS_READ_BYTES = 1 << 20
-STDERR_NAME = "stderr.log"
 
 
 class CommandWorkload(Workload):
@@ -190,16 +166,8 @@ class CommandWorkload(Workload):
         self._output: list[OutputTail] = []  # stdout's and stderr's pipes while the program runs
         # What this job may hold on the store (its checkpoints and result count too); watched
         # while its program runs, from another thread, which kills the program when passed.
-        self.storage: JobStorage | None = ctx.storage
-        bounds: tuple[Allowance, int] = (
-            self.storage.allowance() if self.storage is not None else (unaccounted_allowance(), 0)
-        )
-        self.allowance, self.held_elsewhere = bounds
-        self.watch: StorageWatch | None = None
-        self._over_storage = ""  # why the watch killed the program
+        self.storage = ProgramStorage(ctx.storage, self.folder, self.work_dir)
         self._handles = threading.Lock()  # the program's handles, closed here, used by the watch
-        self._reported: tuple[int, int] | None = None
-        self._reported_at = 0.0
 
     # -- the contract ---------------------------------------------------------------------
 
@@ -222,8 +190,8 @@ class CommandWorkload(Workload):
         try:
             code = self._exit_code(self.proc.wait(timeout=self.params["step_ms"] / 1000.0))
         except subprocess.TimeoutExpired:
-            self._report_usage()
-            return min(self._read_progress(), MAX_RUNNING_PROGRESS)
+            self.storage.report()
+            return min(read_progress(self.folder), MAX_RUNNING_PROGRESS)
         self._reaped()
         self._raise_if_over_storage()
         if code == 0:
@@ -289,86 +257,13 @@ class CommandWorkload(Workload):
         self.resume = True
 
     def metrics(self) -> list[tuple[int, str, float]]:
-        """The complete lines the program appended to CLOCKQ_METRICS_FILE since the last call, at
-        most METRICS_READ_BYTES at a time. The file is the program's, so it is opened without
-        following a link, and a line that is not a JSON object with an integer `step` is skipped."""
-        try:
-            fd = self.folder.open_file(METRICS_NAME)
-        except OSError:
-            return []  # none yet (or a link, or not the job's: nothing is read through it)
-        with os.fdopen(fd, "rb") as fh:
-            fh.seek(self._metrics_offset)
-            chunk = fh.read(METRICS_READ_BYTES)
-        end = chunk.rfind(b"\n") + 1  # only whole lines; the rest is read next time
-        self._metrics_offset += end
-        records = []
-        for line in chunk[:end].splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(entry, dict) and isinstance(step := entry.pop("step", None), int):
-                records += [(step, str(name), value) for name, value in entry.items()]
+        """The complete lines the program appended to CLOCKQ_METRICS_FILE since the last call."""
+        records, self._metrics_offset = read_metrics(self.folder, self._metrics_offset)
         return records
 
     def write_result(self, directory: Path) -> None:
-        """Copy the files the program left in CLOCKQ_RESULT_DIR. The program owns that folder and
-        may have swapped anything in it for a link, so nothing is opened by path: the folder and
-        each file are opened relative to their folder, never following a link, and only the
-        job's own regular files are copied (workers/job_folder.py). Otherwise a link to a file
-        only the worker may read would hand that file to the job's owner."""
-        try:
-            folder = self.folder.subfolder(RESULT_DIR_NAME)
-        except FileNotFoundError:
-            return  # no result
-        except OSError as exc:
-            raise ResultError(f"{RESULT_DIR_NAME}/ in the work folder is not a folder: {exc}") from exc
-        with folder:
-            names = sorted(folder.names())
-            if len(names) > MAX_RESULT_FILES:
-                raise ResultError(
-                    f"a result holds at most {MAX_RESULT_FILES} files; {RESULT_DIR_NAME}/ has {len(names)}"
-                )
-            sources = {}
-            try:
-                for name in names:
-                    if not SAFE_RESULT_NAME.match(name):
-                        raise ResultError(f"result file name {name[:60]!r} is not allowed (letters, digits, . _ -)")
-                    try:
-                        sources[name] = folder.open_file(name)
-                    except OSError as exc:
-                        raise ResultError(
-                            f"result entry {name[:60]!r} cannot be read (links, folders and files not "
-                            f"the job's own are refused): {exc.strerror or exc}"
-                        ) from exc
-                # Judged by what the copies will take (apparent sizes: a sparse file is copied
-                # whole), before a byte is copied.
-                sizes = {name: os.fstat(fd).st_size for name, fd in sources.items()}
-                self._check_result_fits(sum(sizes.values()))
-                for name, fd in sources.items():
-                    # A write that fails here is the store's (full, failing), not the job's: the
-                    # OSError goes up as it is, and the result writer says so. No more than was
-                    # judged is copied, whatever the file has become since.
-                    folder.copy_fd_to(fd, directory / name, limit=sizes[name])
-            finally:
-                for fd in sources.values():
-                    os.close(fd)
-
-    def _check_result_fits(self, nbytes: int) -> None:
-        """StorageLimitExceeded when a result of `nbytes` passes what the job may store, or what
-        the store could ever hold; ENOSPC (the store's fault: the job waits for room) when it
-        does not fit in the store's free space now. Either way, before anything is copied."""
-        mb = nbytes / quotas.MB
-        if reason := self.allowance.over(self.held_elsewhere + nbytes, 0):
-            raise StorageLimitExceeded(f"the result ({mb:,.1f} MB, apparent size) is refused: {reason}")
-        free, reserve, size = _store_space(self.work_dir)
-        if nbytes > size - reserve:
-            raise StorageLimitExceeded(
-                f"the result ({mb:,.1f} MB, apparent size) is refused: larger than the checkpoint store "
-                f"could ever hold ({size / quotas.MB:,.0f} MB, less its reserve, CLOCKQ_STORE_RESERVE_PERCENT)"
-            )
-        if nbytes > free - reserve:
-            raise OSError(errno.ENOSPC, f"the result ({mb:,.1f} MB) does not fit in the store's free space now")
+        """Copy the files the program left in CLOCKQ_RESULT_DIR, if they fit what the job may store."""
+        copy_result(self.folder, directory, self.storage.check_result_fits)
 
     def close(self) -> None:
         self._stop()
@@ -408,7 +303,7 @@ class CommandWorkload(Workload):
             raise cannot_start(argv[0], why)
         try:
             keep = settings.CLOCKQ_COMMAND_LOG_KEEP_KB * 1024
-            self._output = [OutputTail(keep, self._kept_log(name, keep)) for name in (STDOUT_NAME, STDERR_NAME)]
+            self._output = [OutputTail(keep, kept_log(self.folder, name, keep)) for name in (STDOUT_NAME, STDERR_NAME)]
             info_read, info_write = os.pipe() if self.sandbox.bwrap else (None, None)
             # The sandbox waits on block_read, set up, until its memory cgroup and network are in place.
             block_read, block_write = os.pipe() if self.sandbox.bwrap else (None, None)
@@ -436,7 +331,7 @@ class CommandWorkload(Workload):
             raise start_error(exc, argv[0], sandboxed=bool(self.sandbox.bwrap)) from exc
         for tail in self._output:
             tail.started()
-        self._start_watch()
+        self.storage.start_watch(self._stop_for_storage)
         self._started_at = time.monotonic()
         if info_read is None:
             self.program_pid = self.proc.pid
@@ -505,9 +400,7 @@ class CommandWorkload(Workload):
         namespace ends with its first process), keep the end of its stderr, forget it."""
         assert self.proc is not None
         self._end_sandbox()
-        if self.watch is not None:
-            self.watch.stop()
-            self.watch = None
+        self.storage.stop_watch()
         with self._handles:
             self.proc = None
             self.program_pid = None
@@ -518,7 +411,7 @@ class CommandWorkload(Workload):
         self._stderr_tail = self._output[1].recent(STDERR_TAIL_BYTES).decode("utf-8", "replace") if self._output else ""
         self._close_output()
         self._release_uid()
-        self._report_usage(force=True)
+        self.storage.report(force=True)
 
     def _end_sandbox(self) -> None:
         """Kill every process the program started, and wait for the sandbox to be gone."""
@@ -556,35 +449,12 @@ class CommandWorkload(Workload):
                 # The store is full or failing: the log is lost, the job's work is not.
                 log.warning("job %s: could not keep its %s: %s", self.ctx.job_id, name, exc)
 
-    def _kept_log(self, name: str, keep: int) -> bytes:
-        """The end of what the program's earlier runs wrote to the log `name`, at most `keep`
-        bytes, read through a descriptor (a link or a foreign file there gives nothing)."""
-        try:
-            fd = self.folder.open_file(name)
-        except OSError:
-            return b""
-        try:
-            size = os.fstat(fd).st_size
-            return os.pread(fd, keep, max(0, size - keep))
-        except OSError:
-            return b""
-        finally:
-            os.close(fd)
-
     # -- the storage it holds ---------------------------------------------------------------
 
-    def _start_watch(self) -> None:
-        self._over_storage = ""
-        self.watch = StorageWatch(
-            self.folder.fd, str(self.work_dir), self.allowance, self.held_elsewhere, self._stop_for_storage
-        )
-        self.watch.start()
-
-    def _stop_for_storage(self, reason: str) -> None:
+    def _stop_for_storage(self) -> None:
         """From the watch's thread: the program passed a storage bound. End it now; the main
         thread, waiting on it, finds out why."""
-        log.warning("job %s: stopping its program: %s", self.ctx.job_id, reason)
-        self._over_storage = reason
+        log.warning("job %s: stopping its program: %s", self.ctx.job_id, self.storage.over)
         with self._handles:
             if self.namespace is not None:
                 self.namespace.send(signal.SIGKILL)
@@ -594,80 +464,12 @@ class CommandWorkload(Workload):
                 self.proc.kill()
 
     def _raise_if_over_storage(self) -> None:
-        if self._over_storage:
-            reason, self._over_storage = self._over_storage, ""
-            # What it wrote is what passed the bound: gone with the job, so that the store keeps
-            # its room for everyone else (its checkpoints, in the store, are kept).
-            try:
-                self.folder.clear(keep=(STDOUT_NAME, STDERR_NAME))
-            except OSError as exc:
-                log.warning("job %s: could not clear its work folder: %s", self.ctx.job_id, exc)
-            self._report_usage(force=True)
+        if reason := self.storage.take_over():
+            self.storage.clear_after_over(keep=(STDOUT_NAME, STDERR_NAME), job_id=self.ctx.job_id)
             raise StorageLimitExceeded(f"the program was stopped: {reason}{self._stderr_suffix()}")
 
-    def _report_usage(self, force: bool = False) -> None:
-        """What the work folder holds, on the job, so that the owner's quota counts it while the
-        job runs: at most once a USAGE_REPORT_EVERY_S, and only when it changed."""
-        watch_usage = self.watch.usage if self.watch is not None else None
-        now = time.monotonic()
-        if not force and (watch_usage is None or now - self._reported_at < USAGE_REPORT_EVERY_S):
-            return
-        if watch_usage is None:
-            # Stopped: measure once more, what it left is what it holds until retention.
-            try:
-                usage = folder_usage(
-                    self.folder.fd, stop_bytes=self.allowance.max_bytes, stop_files=self.allowance.max_files
-                )
-            except OSError:
-                return
-            watch_usage = usage
-        self._reported_at = now
-        current = (watch_usage.bytes, watch_usage.files)
-        if current != self._reported and self.storage is not None:
-            self.storage.report(watch_usage)
-            self._reported = current
-
-    def _read_progress(self) -> float:
-        try:
-            raw = self.folder.read(PROGRESS_NAME, limit=64)
-            value = float((raw or b"").decode("utf-8", errors="replace").strip())
-        except (OSError, ValueError):
-            return 0.0
-        return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
-
     def _read_checkpoint(self) -> bytes:
-        """The checkpoint the program wrote, once its size (apparent: a sparse file is read
-        whole) is known to fit what the job may store: a bigger one is refused before a byte of
-        it is read into the worker's memory, as the job's failure, counted like any other."""
-        try:
-            fd = self.folder.open_file(CHECKPOINT_NAME)
-        except UnsafeEntry as exc:
-            raise RuntimeError(f"the program's {CHECKPOINT_NAME} cannot be used: {exc.strerror}") from None
-        with os.fdopen(fd, "rb") as fh:
-            size = os.fstat(fd).st_size
-            if reason := self._checkpoint_too_big(size):
-                raise CheckpointTooBig(
-                    f"the program's {CHECKPOINT_NAME} ({size / quotas.MB:,.1f} MB, apparent size) cannot be "
-                    f"stored: {reason}"
-                )
-            data = fh.read(size)
-        if not data:
-            raise RuntimeError(f"the program wrote an empty {CHECKPOINT_NAME}")
-        return data
-
-    def _checkpoint_too_big(self, size: int) -> str:
-        """Why a checkpoint of `size` bytes cannot be kept, '' when it can: the store keeps
-        KEPT_GENERATIONS of it and the work folder one more, and writing it needs its size free."""
-        held = quotas.KEPT_GENERATIONS * size
-        if reason := self.allowance.over(held + size, 0):
-            return reason
-        free, reserve, _ = _store_space(self.work_dir)
-        if size > free - reserve:
-            return (
-                f"the checkpoint store has {free / quotas.MB:,.1f} MB free and keeps {reserve / quotas.MB:,.1f} MB "
-                "of it for every job (CLOCKQ_STORE_RESERVE_PERCENT)"
-            )
-        return ""
+        return read_checkpoint(self.folder, self.storage.checkpoint_too_big)
 
     def _failure(self, code: int, context: str) -> Exception:
         if self.bounds is not None and (over := self.bounds.memory_verdict):
@@ -678,13 +480,6 @@ class CommandWorkload(Workload):
     def _stderr_suffix(self) -> str:
         tail = self._stderr_tail
         return f"; stderr ends:\n{tail}" if tail.strip() else "; stderr is empty"
-
-
-def _store_space(path: Path) -> tuple[int, int, int]:
-    """The store's free bytes, its reserve, and its size."""
-    free, reserve = store_room(str(path))
-    vfs = os.statvfs(path)
-    return free, reserve, vfs.f_blocks * vfs.f_frsize
 
 
 def _killpg(pgid: int) -> None:

@@ -11,7 +11,8 @@ to start shows only as bwrap's exit 1 with `bwrap: execvp <name>: <reason>` on t
 stderr; that line, and only it, counts as the program's own failure to start.
 
 Once started, the program is given up to 2 seconds to install its SIGUSR1 handler, which
-`catches_signal` reads from /proc.
+`catches_signal` reads from /proc. It starts with `program_environment`: the worker's, less
+everything of clockq's.
 """
 
 from __future__ import annotations
@@ -88,3 +89,19 @@ def catches_signal(pid: int, signum: int) -> bool | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+# Settings a job's program must not see: clockq's database, broker (address and password),
+# secrets, ports and every other clockq, Celery, Django and Flower setting.
+WITHHELD_ENV = frozenset({"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "PORT"})
+WITHHELD_ENV_PREFIXES = ("CLOCKQ_", "CELERY", "DJANGO_", "FLOWER_")
+
+
+def program_environment(worker_env: dict[str, str]) -> dict[str, str]:
+    """The worker's environment less everything of clockq's: what a program may inherit (PATH,
+    locale, CUDA_VISIBLE_DEVICES, its own libraries' settings)."""
+    return {
+        name: value
+        for name, value in worker_env.items()
+        if name not in WITHHELD_ENV and not name.startswith(WITHHELD_ENV_PREFIXES)
+    }
