@@ -41,12 +41,13 @@ import threading
 import time
 from pathlib import Path
 
+from celery.signals import worker_process_init
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 from redis import RedisError
 
-from clockq.bus import lanes
+from clockq.bus import heartbeat, lanes
 from clockq.bus.client import client
 from clockq.jobs.models import Job
 from clockq.jobs.take_back import LostRun, take_back
@@ -185,3 +186,23 @@ class LaneWatch:
         finally:
             with contextlib.suppress(OSError):
                 self.lock.release()
+
+
+_watch: LaneWatch | None = None  # in a main worker's pool process: its watch over its lane
+
+
+@worker_process_init.connect
+def _watch_the_lane(sender=None, **_kwargs) -> None:
+    """A GPU's main worker's pool process watches its lane from its start (`LaneWatch`)."""
+    global _watch
+    main = sender if isinstance(sender, str) else None
+    is_main = int(os.environ.get("CLOCKQ_GPU_INDEX", "-1")) >= 0 and not os.environ.get(heartbeat.RT_LANE_OF_ENV)
+    if not settings.CLOCKQ_RT_LANE or not is_main or main is None or lanes.main_of(lanes.lane_name(main)) != main:
+        return
+    _watch = LaneWatch(main).start()
+
+
+def lane_lost(rt_job: int) -> bool:
+    """Whether this worker's watch took `rt_job` back from its dead lane (a paused job's record
+    says "lane gone")."""
+    return _watch is not None and rt_job in _watch.lost

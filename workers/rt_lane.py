@@ -6,9 +6,13 @@ policy (`clockq.policy.lanes.rt_lane_path`) says how the GPU's running job makes
 
 - it pauses in place at its next step, its state where it is (no snapshot, no write, no
   requeue), when the RT job's declared memory fits beside it; it keeps its lease, and resumes
-  when the RT job ends (`LaneTurn`, `PauseWatch`);
+  when the RT job ends;
 - otherwise it leaves through the checkpoint path at its next step, as it would make way for
   any RT job, and its worker claims nothing until the RT job ends.
+
+This module is the lane's side. The lane asks through one fact, its pause request in Redis
+(clockq/bus/lanes.py); the paused worker's side, which reads it, is beside the step loop
+(workers/run/pause.py: `PauseWatch`, `wait_while_lent`).
 
 Crash safety. A lane's processes hold its life lock, an flock, for as long as they live, and
 claim nothing without it (workers/lane_life.py). The GPU's main worker waits on that
@@ -32,7 +36,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from celery.signals import worker_init, worker_process_init
 from django.conf import settings
@@ -40,13 +43,13 @@ from django.db import DatabaseError, connection
 from django.db.models import Q
 from redis import RedisError
 
-from clockq.bus import heartbeat, lanes, signals
+from clockq.bus import free_gpus, heartbeat, lanes, signals
 from clockq.bus.client import client
 from clockq.jobs.models import Job
-from clockq.policy.lanes import LanePath, LaneView, pause_over, rt_lane_path
+from clockq.policy.lanes import LanePath, LaneView, rt_lane_path
 from clockq.policy.states import JobState
 from workers import runtime as runtimes
-from workers.lane_life import LaneLock, LaneLockError, LaneWatch, take_back_orphans
+from workers.lane_life import LaneLock, LaneLockError, take_back_orphans
 from workers.run.claim import ClaimedJob, claim_message_job, give_back
 from workers.runtime import Runtime
 
@@ -55,9 +58,7 @@ log = logging.getLogger("clockq.rt_lane")
 LANE_NAME_ENV = "CLOCKQ_RT_LANE_NAME"
 LISTEN_WAIT_S = 5.0
 POLL_S = 0.005  # how often a lane looks whether its main worker's job has left (checkpoint path)
-PAUSED_POLL_S = 0.05  # how often a paused job reads its request, between the signals it hears
 _life: LaneLock | None = None  # in a lane's processes: its life lock, held until they exit
-_watch: LaneWatch | None = None  # in a main worker's pool process: its watch over its lane
 
 
 def rt_lane_env(main: str) -> dict[str, str]:
@@ -162,21 +163,17 @@ class Lane:
         return rt_lane_path(view), running[0] if running is not None else None
 
     def _free_gpus_elsewhere(self) -> int:
-        """GPUs whose own worker is live, takes jobs (not drained) and runs none: where an RT job
-        starts without making any job pause. 0 when the broker cannot say."""
+        """The free GPUs (clockq/bus/free_gpus.py) that would take this RT job if the lane put it
+        back in the queue: where it starts without making any job pause. 0 when the broker
+        cannot say."""
         try:
-            beats = heartbeat.live_workers()
+            mains = free_gpus.idle_candidates(heartbeat.live_workers(), besides=self.main)
         except RedisError:
             return 0
-        mains = {
-            b["hostname"]
-            for b in beats
-            if b.get("gpu") is not None and b.get("consuming", True) and b.get("hostname") != self.main
-        }
         if not mains:
             return 0
-        busy = set(Job.objects.filter(state=JobState.RUNNING, worker__in=mains).values_list("worker", flat=True))
-        return len(mains - busy)
+        busy = Job.objects.filter(state=JobState.RUNNING, worker__in=mains).values_list("worker", flat=True)
+        return len(free_gpus.free_of(mains, set(busy)))
 
     def _wait_until_left(self, target: int) -> None:
         """The checkpoint path: the RT job does not fit beside the running job, which leaves at
@@ -255,136 +252,3 @@ def _start_warm(**_kwargs) -> None:
         lanes.mark_idle(client(), name)
     except Exception as exc:  # warming up is an optimisation: the first RT job does the rest
         log.warning("lane %s: warm start incomplete (%s)", name, exc)
-
-
-# --- the main worker's side ------------------------------------------------------------------
-
-
-@worker_process_init.connect
-def _watch_the_lane(sender=None, **_kwargs) -> None:
-    """A GPU's main worker's pool process watches its lane from its start (`LaneWatch`)."""
-    global _watch
-    main = sender if isinstance(sender, str) else None
-    is_main = int(os.environ.get("CLOCKQ_GPU_INDEX", "-1")) >= 0 and not os.environ.get(heartbeat.RT_LANE_OF_ENV)
-    if not settings.CLOCKQ_RT_LANE or not is_main or main is None or lanes.main_of(lanes.lane_name(main)) != main:
-        return
-    _watch = LaneWatch(main).start()
-
-
-def _lane_lost(rt_job: int) -> bool:
-    """Whether this worker's watch took `rt_job` back from its dead lane."""
-    return _watch is not None and rt_job in _watch.lost
-
-
-@dataclass(frozen=True)
-class PauseEnd:
-    paused_s: float
-    leave: str | None = None  # why the job leaves through the checkpoint path now, if it does
-
-
-class PauseWatch:
-    """A running job's side of its GPU's lane: at each step, whether the lane asks it to pause
-    (`asked`, a dictionary lookup while nothing was heard), and the pause itself (`hold`)."""
-
-    def __init__(self, runtime: Runtime, job_id: int):
-        self.runtime = runtime
-        self.job_id = job_id
-        self.me = runtime.identity.hostname
-        self.on = settings.CLOCKQ_RT_LANE and runtime.identity.lane_of is None
-        self.handled: set[int] = set()  # RT jobs whose request this job has answered
-
-    def asked(self) -> lanes.PauseRequest | None:
-        if not self.on:
-            return None
-        raw = self.runtime.interrupts.lane_request(self.me)
-        if raw is None:
-            return None
-        request = lanes.PauseRequest.parse(raw)
-        if request is None or request.rt_job in (self.job_id, *self.handled) or not request.applies_to(self.job_id):
-            return None
-        return request
-
-    def hold(self, request: lanes.PauseRequest) -> PauseEnd:
-        """Pause here until the RT job ends, its lane is gone, or the pause is over its bound."""
-        self.handled.add(request.rt_job)
-        if request.mode == lanes.MODE_CHECKPOINT and request.target == self.job_id:
-            return PauseEnd(0.0, leave=_made_way(request, "which does not fit beside it in GPU memory"))
-        began = time.monotonic()
-        how, leave = "resumed", None
-        interrupts = self.runtime.interrupts
-        while True:
-            try:
-                truth = lanes.pause_request(client(), self.me)
-            except RedisError as exc:
-                log.warning("job %s: cannot read its pause request (%s); resuming", self.job_id, exc)
-                how = "resumed: broker unreachable"
-                break
-            if truth is None or truth.rt_job != request.rt_job:
-                if truth is None:
-                    interrupts.heard_lane(self.me, None)  # ended, or expired with its lane: forget it
-                gone = truth is None and (_lane_lost(request.rt_job) or not self._ended(request.rt_job))
-                how = "resumed: lane gone" if gone else "resumed"
-                break
-            paused_s = time.monotonic() - began
-            if pause_over(paused_s, settings.CLOCKQ_PAUSE_MAX_S):
-                how = "checkpoint: pause over its bound"
-                leave = _made_way(request, f"after a pause of {paused_s:.1f} s (CLOCKQ_PAUSE_MAX_S)")
-                break
-            if self.runtime.shutting_down() or interrupts.poked(self.job_id):
-                how = "resumed: stop or operator"
-                break
-            interrupts.lane_changed.wait(PAUSED_POLL_S)
-            interrupts.lane_changed.clear()
-        paused_s = time.monotonic() - began
-        self._record(request, paused_s, how)
-        return PauseEnd(paused_s, leave)
-
-    @staticmethod
-    def _ended(rt_job: int) -> bool:
-        state = Job.objects.filter(pk=rt_job).values_list("state", flat=True).first()
-        return state is None or state != JobState.RUNNING
-
-    def _record(self, request: lanes.PauseRequest, paused_s: float, how: str) -> None:
-        log.info("job %s paused %.1f ms for RT job %s (%s)", self.job_id, paused_s * 1000, request.rt_job, how)
-        try:
-            lanes.record_pause(
-                client(),
-                {
-                    "job": self.job_id,
-                    "rt_job": request.rt_job,
-                    "worker": self.me,
-                    "paused_ms": paused_s * 1000,
-                    "how": how,
-                },
-            )
-        except RedisError as exc:
-            log.warning("job %s: could not record its pause: %s", self.job_id, exc)
-
-
-def _made_way(request: lanes.PauseRequest, why: str) -> str:
-    return f"RT job #{request.rt_job} in this GPU's RT lane {request.lane}, {why}"
-
-
-def wait_while_lent(runtime: Runtime) -> None:
-    """Before a main worker claims: while its lane runs an RT job that its last job made way
-    for through a checkpoint (it does not fit beside another), start nothing; at most
-    CLOCKQ_PAUSE_MAX_S, and not after the request is gone (ended, or expired with its lane)."""
-    if not settings.CLOCKQ_RT_LANE or runtime.identity.lane_of is not None:
-        return
-    me = runtime.identity.hostname
-    raw = runtime.interrupts.lane_request(me)
-    request = lanes.PauseRequest.parse(raw) if raw is not None else None
-    if request is None or request.mode != lanes.MODE_CHECKPOINT:
-        return
-    deadline = time.monotonic() + settings.CLOCKQ_PAUSE_MAX_S
-    while time.monotonic() < deadline and not runtime.shutting_down():
-        try:
-            truth = lanes.pause_request(client(), me)
-        except RedisError:
-            return
-        if truth is None or truth.rt_job != request.rt_job:
-            if truth is None:
-                runtime.interrupts.heard_lane(me, None)
-            return
-        runtime.interrupts.lane_changed.wait(PAUSED_POLL_S)
-        runtime.interrupts.lane_changed.clear()

@@ -23,7 +23,7 @@ from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import ResultError
 from clockq.policy.slicing import BoundaryAction, SliceOutcome, ewma
 from clockq.policy.states import JobState
-from workers.rt_lane import Lane, wait_while_lent
+from workers.rt_lane import Lane
 from workers.run import summary
 from workers.run.boundary import SliceBoundary
 from workers.run.checkpointer import Checkpointer
@@ -32,6 +32,7 @@ from workers.run.errors import LostOwnership, SliceFailed, workload_errors
 from workers.run.failures import SliceFailures, StorageFollowsJob
 from workers.run.metrics_recorder import MetricsRecorder
 from workers.run.outcome import RunOutcome
+from workers.run.pause import wait_while_lent
 from workers.run.restore import Restore, close_workload
 from workers.run.result_writer import ResultWriter, succeeded_fields
 from workers.run.slice_writes import SliceWrites
@@ -96,7 +97,7 @@ def _hand_over(run: JobRun, outcome: RunOutcome, runtime: Runtime) -> ClaimedJob
     the GPU's lane has it for an RT job (`wait_while_lent`, as before a claim from a message)."""
     if outcome not in _FREES_GPU or runtime.shutting_down() or runtime.drain.drained():
         return None
-    wait_while_lent(runtime)
+    wait_while_lent(runtime, left_for_lane=run.boundary.left_for_lane)
     to = run.boundary.made_way_to
     if outcome == RunOutcome.YIELDED and to is not None and to.standing.rank == run.tiers.current.rank:
         # `to` is the order's choice for this GPU, freed (`ordering.victim_for` picks it as

@@ -1,22 +1,30 @@
-"""GPUs that have just left a job and not claimed the next one yet: the free GPUs a waiting job
-can count on.
+"""Free GPUs: the one definition, for the order's boundaries and for the RT lanes.
 
-`ordering.makes_way_for` lets nobody make way while a GPU is free, since the waiting job takes
-that one: above all the GPU of a victim that has just left for it and is claiming. So what
-counts as free decides whether an urgent job gets a GPU. The heartbeats are no answer: a worker
-that died keeps its heartbeat for up to 15 s, and a live worker that waits idle on the broker
-takes a waiting job's message the moment it is pushed, so it never stays free while a job
-waits. What stays free while a job waits is a GPU between two jobs (checkpoint, requeue, the
-message hop, the claim), which takes tens of milliseconds; or one that takes nothing (its worker
-died, backs off after a storage failure, or has not the memory for the job).
+A GPU is free when its main worker would claim a job now and runs none: the database says which
+worker runs each job (`free_of`). Which workers would claim now depends on where the job is.
 
-So a worker marks its GPU here as it leaves a job (with the broker's own clock: hosts' clocks
-may differ), and a GPU counts as free for FREE_S after that, unless it holds a running job
-again (the database says which worker runs each job). A GPU whose worker died counts as free
-for at most FREE_S.
+- A job that waits in the queue already (a boundary's question: `ordering.makes_way_for` lets
+  nobody make way while a GPU is free, since the waiting job takes that one, above all the GPU
+  of a victim that has just left for it and is claiming). A live worker that waits idle on the
+  broker takes a waiting job's message the moment it is pushed, so it never stays free while a
+  job waits; and a worker that died keeps its heartbeat for up to 15 s. So the heartbeats are
+  no answer here. What stays free while a job waits is a GPU between two jobs (checkpoint,
+  requeue, the message hop, the claim), which takes tens of milliseconds; or one that takes
+  nothing (its worker died, backs off after a storage failure, or has not the memory for the
+  job). So a worker marks its GPU here as it leaves a job (`mark_free`, with the broker's own
+  clock: hosts' clocks may differ), and it counts for FREE_S after that
+  (`add_recently_freed`). A GPU whose worker died counts as free for at most FREE_S.
+- A job about to be put back in the queue (an RT lane leaves its RT job to a GPU that runs
+  nothing, workers/rt_lane.py). Here a worker idle on the broker is the answer: it takes the
+  message the moment it is pushed. Its heartbeat says that it lives and takes jobs
+  (`idle_candidates`). A dead worker's heartbeat outlives it, so a lane leaves a job to the
+  others once only.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from typing import Any
 
 import redis
 
@@ -56,3 +64,20 @@ def add_recently_freed(pipe: redis.client.Pipeline) -> None:
 
 def parse(reply: list) -> frozenset[str]:
     return frozenset(h.decode() if isinstance(h, bytes) else str(h) for h in reply or ())
+
+
+def free_of(candidates: Iterable[str], running: Collection[str]) -> frozenset[str]:
+    """The free GPUs among the main workers `candidates`: those that run no job, `running` being
+    the workers the database says run one."""
+    return frozenset(candidates) - frozenset(running)
+
+
+def idle_candidates(beats: Iterable[dict[str, Any]], *, besides: str) -> frozenset[str]:
+    """The main workers other than `besides` that live and take jobs (not drained), as their
+    heartbeats say (clockq/bus/heartbeat.py): what would claim a job put back in the queue now,
+    if it runs none (`free_of`)."""
+    return frozenset(
+        b["hostname"]
+        for b in beats
+        if b.get("gpu") is not None and b.get("consuming", True) and b.get("hostname") != besides
+    )

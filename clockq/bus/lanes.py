@@ -4,9 +4,10 @@
   takes an RT job, keeps it alive (a short TTL, renewed while the RT job runs) and deletes it
   when the RT job ends. A lane killed with kill -9 stops renewing it, so the key expires and
   the paused job resumes: the key is the lane's heartbeat for the pause. The main worker, which
-  knows the lane is dead the instant it dies (workers/lane_life.py), drops it sooner. Each change is also
-  announced on the signal channel (clockq/bus/signals.py), so the main worker hears it at its
-  next step without a round trip per step.
+  knows the lane is dead the instant it dies (workers/lane_life.py), drops it sooner. The key is
+  the only truth: each change is announced on the signal channel (clockq/bus/signals.py) only
+  to wake the main worker, which reads the key at its next step (workers/run/pause.py), with no
+  round trip at the steps in between.
 - The idle lanes (`IDLE_KEY`, a sorted set scored by expiry): a running job's look for an RT job
   (workers/run/boundary.py) does not make way through a checkpoint while idle lanes take
   every RT job waiting (`clockq.policy.lanes.lanes_take_urgent`).
@@ -82,7 +83,7 @@ def request_pause(r: redis.Redis, main: str, request: PauseRequest) -> None:
     """Ask the main worker `main` to pause (or leave) at its next step, and say so at once."""
     raw = json.dumps(asdict(request))
     r.set(PAUSE_KEY + main, raw, px=int(PAUSE_TTL_S * 1000))
-    signals.announce_lane(r, main, raw)
+    signals.announce_lane(r, main)
 
 
 def keep_pause(r: redis.Redis, main: str, rt_job: int) -> bool:
@@ -98,7 +99,7 @@ def release(r: redis.Redis, main: str, rt_job: int) -> None:
     request = PauseRequest.parse(r.get(PAUSE_KEY + main))
     if request is not None and request.rt_job == rt_job:
         r.delete(PAUSE_KEY + main)
-    signals.announce_lane(r, main, None)
+    signals.announce_lane(r, main)
 
 
 def drop_request_of(r: redis.Redis, main: str, lane: str) -> bool:
@@ -110,7 +111,7 @@ def drop_request_of(r: redis.Redis, main: str, lane: str) -> bool:
     if request is None or request.lane != lane:
         return False
     r.delete(PAUSE_KEY + main)
-    signals.announce_lane(r, main, None)
+    signals.announce_lane(r, main)
     return True
 
 

@@ -10,8 +10,9 @@ loop checks the flags at every step (a few hundred nanoseconds):
   leaves its GPU only if so: the policy, not the first worker to hear, names the victim.
 - `job <id>`: an operator changed a job (cancel, hold, requeue). The worker running it ends its
   slice at the next step and reads the job row.
-- `lane <worker>`: a GPU's standby RT lane asks its main worker `worker` to pause (or leave) at
-  its next step, or lets it go on (clockq/bus/lanes.py holds the request itself).
+- `lane <worker>`: the pause request of a GPU's standby RT lane for its main worker `worker`
+  changed (clockq/bus/lanes.py). The message carries no request: the key is the only truth, and
+  the worker reads it at its next step (workers/run/pause.py).
 - `fleet`: an operator drained or resumed a GPU or a host. Each worker process reads its drain
   again before its next claim (workers/drain.py).
 
@@ -47,9 +48,9 @@ def announce_fleet_changed(client: redis.Redis) -> None:
     _publish(client, {"kind": "fleet"})
 
 
-def announce_lane(client: redis.Redis, worker: str, request: str | None) -> None:
-    """The pause request for the main worker `worker` is now `request` (None: withdrawn)."""
-    _publish(client, {"kind": "lane", "worker": worker, "request": request})
+def announce_lane(client: redis.Redis, worker: str) -> None:
+    """The pause request for the main worker `worker` changed: it reads the key again."""
+    _publish(client, {"kind": "lane", "worker": worker})
 
 
 def _publish(client: redis.Redis, message: dict) -> None:
@@ -70,8 +71,9 @@ class Interrupts:
         self._lock = threading.Lock()
         # Set when a drain or resume was announced: the worker reads its drain again.
         self.fleet_changed = threading.Event()
-        # Pause requests of RT lanes, by main worker name (clockq/bus/lanes.py), as last heard.
-        self._lane_requests: dict[str, str] = {}
+        # Main workers whose RT lane's pause request changed since they last read it
+        # (clockq/bus/lanes.py): a hint to read the key, never the request itself.
+        self._lane_hints: set[str] = set()
         self.lane_changed = threading.Event()
 
     def heard_urgent(self, rank: int) -> None:
@@ -107,17 +109,24 @@ class Interrupts:
             self.urgent.clear()
             self._poked.discard(job_id)
 
-    def heard_lane(self, worker: str, request: str | None) -> None:
+    def heard_lane(self, worker: str) -> None:
         with self._lock:
-            if request is None:
-                self._lane_requests.pop(worker, None)
-            else:
-                self._lane_requests[worker] = request
+            self._lane_hints.add(worker)
         self.lane_changed.set()
 
-    def lane_request(self, worker: str) -> str | None:
-        """The pause request last heard for the main worker `worker`. Called at every step."""
-        return self._lane_requests.get(worker) if self._lane_requests else None
+    def lane_hinted(self, worker: str) -> bool:
+        """Whether the pause request for the main worker `worker` may have changed since it was
+        last read (`take_lane_hint`)."""
+        return worker in self._lane_hints
+
+    def take_lane_hint(self, worker: str) -> bool:
+        """`lane_hinted`, and forget the hint: the caller reads the key now, so a change after
+        this call hints again. Called at every step: a set lookup while nothing was heard."""
+        if worker not in self._lane_hints:
+            return False
+        with self._lock:
+            self._lane_hints.discard(worker)
+        return True
 
     def handle(self, raw: bytes | str) -> None:
         try:
@@ -127,8 +136,7 @@ class Interrupts:
             elif message.get("kind") == "job":
                 self.poke(int(message["job"]))
             elif message.get("kind") == "lane":
-                request = message.get("request")
-                self.heard_lane(str(message["worker"]), None if request is None else str(request))
+                self.heard_lane(str(message["worker"]))
             elif message.get("kind") == "fleet":
                 self.fleet_changed.set()
         except (ValueError, TypeError, KeyError, AttributeError):

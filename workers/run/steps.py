@@ -18,11 +18,11 @@ from django.utils import timezone
 
 from clockq.policy.lanes import service_ms
 from clockq.policy.slicing import SlicePlan, ewma, plan_slice
-from workers.rt_lane import PauseWatch
 from workers.run.boundary import SliceBoundary, prefetch_lead_s
 from workers.run.claim import ClaimedJob
 from workers.run.errors import workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
+from workers.run.pause import PauseWatch
 from workers.run.tiers import RunTiers
 from workers.runtime import Runtime
 from workers.workloads.base import Workload
@@ -42,7 +42,7 @@ class SliceRecord:
     cut_short: bool = False  # ended at a step by an interrupt, before its time was up
     preempted: bool = False  # and made way for an urgent job
     compute_end: float = 0.0  # perf_counter when its last step ended
-    paused_ms: float = 0.0  # paused in place for an RT job in its GPU's lane (workers/rt_lane.py)
+    paused_ms: float = 0.0  # paused in place for an RT job in its GPU's lane (workers/run/pause.py)
 
 
 class StepLoop:
