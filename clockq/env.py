@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from clockq.stack import ports
+from clockq import embedded_redis
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -192,9 +192,9 @@ def parse_scale_hook(raw: str) -> ScaleHook:
 
 def embedded_redis_port(var_dir: Path) -> int:
     """The embedded Redis's port when no variable sets it: the one `make run` recorded in
-    var/redis.url because 6390 was taken (clockq/stack/ports.py), else 6390."""
+    var/redis.url because 6390 was taken (clockq/embedded_redis.py), else 6390."""
     try:
-        return ports.recorded_port(var_dir) or ports.DEFAULT_REDIS_PORT
+        return embedded_redis.recorded_port(var_dir) or embedded_redis.DEFAULT_REDIS_PORT
     except ValueError as exc:
         raise ImproperlyConfigured(str(exc)) from None
 

@@ -31,11 +31,11 @@ from clockq.env import (
     persistent_secret,
     redis_url_problem,
 )
+from clockq.logs import logging_config
 from clockq.policy import affinity as _affinity
 from clockq.policy import control as _control
 from clockq.policy.ordering import BASE_LADDER_GPU_S, Ladder
 from clockq.policy.tiers import QUEUES_IN_ORDER
-from clockq.stack.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Every file a clockq process makes (the SQLite database, secrets, checkpoints, logs) is its own:
@@ -250,14 +250,14 @@ REST_KNOX = {
 }
 
 CLOCKQ_LOG_LEVEL = env_choice("CLOCKQ_LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")).upper()
-# Celery's per-task lines at DEBUG, /healthz's 503 at INFO, 500s with their traceback (clockq/stack/logs.py).
+# Celery's per-task lines at DEBUG, /healthz's 503 at INFO, 500s with their traceback (clockq/logs.py).
 LOGGING = logging_config(CLOCKQ_LOG_LEVEL)
 
 # --- broker and Celery ----------------------------------------------------------------------
 
 # Without REDIS_URL, clockq uses the embedded broker that `make run` starts, with a password kept
 # in a 0600 file, on CLOCKQ_EMBEDDED_REDIS_PORT, else the port `make run` recorded in var/redis.url
-# when 6390 was taken (clockq/stack/ports.py; manage.py and `celery -A clockq` read it here).
+# when 6390 was taken (clockq/embedded_redis.py; manage.py and `celery -A clockq` read it here).
 EMBEDDED_REDIS_PORT = env_int(
     "CLOCKQ_EMBEDDED_REDIS_PORT", embedded_redis_port(VAR_DIR), min_value=1024, max_value=65535
 )

@@ -23,6 +23,7 @@ PLANTS = {
         "import clockq.stack.roles",
         "clockq.supervision.planted",
     ),
+    "The settings import nothing of the launcher": ("clockq/env.py", "import clockq.stack.ports", "clockq.env"),
     "The policy is pure": ("clockq/policy/planted.py", "import django.db", "clockq.policy.planted"),
     "The trace replay imports from clockq only clockq.policy": (
         "clockq/replay/planted.py",

@@ -102,7 +102,7 @@ def test_healthz_answering_503_while_starting_logs_no_error(client, request_log)
 
 
 def test_other_server_errors_keep_their_level():
-    from clockq.stack.logs import HealthAnswerFilter
+    from clockq.logs import HealthAnswerFilter
 
     class Request:
         path = "/api/jobs"

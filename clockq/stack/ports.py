@@ -9,10 +9,10 @@ REDIS_URL_FILE names a broker.
 - The web's and Flower's ports must be free: a taken one stops the start at once, saying which
   port, what holds it when this user may see that, and the variable that chooses another.
 - The embedded Redis's port is picked: the one recorded in `var/redis.url`, else 6390; when it is
-  taken, the next free one, recorded there. settings.py reads that file, so `manage.py`, Celery's
-  CLI (`celery -A clockq ...`, through the app's config) and the benchmarks find the broker
-  without a variable. An explicit CLOCKQ_EMBEDDED_REDIS_PORT is never moved: taken, it stops the
-  start like the other two. REDIS_URL wins over all of this.
+  taken, the next free one, recorded there (clockq/embedded_redis.py). settings.py reads that
+  file, so `manage.py`, Celery's CLI (`celery -A clockq ...`, through the app's config) and the
+  benchmarks find the broker without a variable. An explicit CLOCKQ_EMBEDDED_REDIS_PORT is never
+  moved: taken, it stops the start like the other two. REDIS_URL wins over all of this.
 """
 
 from __future__ import annotations
@@ -23,12 +23,20 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+
+if __package__:
+    from clockq import embedded_redis
+else:  # run as a script by `make run`: the clockq package (its __init__ loads Celery) is not importable,
+    # so the one core module this needs, itself standard library only, is loaded by its path.
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("embedded_redis", Path(__file__).parents[1] / "embedded_redis.py")
+    assert _spec is not None and _spec.loader is not None
+    embedded_redis = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(embedded_redis)
 
 DEFAULT_WEB_PORT = 8000
 DEFAULT_FLOWER_PORT = 5555
-DEFAULT_REDIS_PORT = 6390
-RECORD_NAME = "redis.url"
 # Ports tried after a taken embedded Redis port, before the system picks any free one.
 PICK_RANGE = 100
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
@@ -111,40 +119,6 @@ def _user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def record_path(var_dir: Path) -> Path:
-    return var_dir / RECORD_NAME
-
-
-def recorded_port(var_dir: Path) -> int | None:
-    """The embedded Redis's port recorded in var/redis.url, or None when there is no record.
-    ValueError saying what is wrong when the file is not such a URL."""
-    path = record_path(var_dir)
-    try:
-        text = path.read_text().strip()
-    except FileNotFoundError:
-        return None
-    try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError:
-        port = None
-    if not text.startswith("redis://") or port is None:
-        raise ValueError(f"{path} should hold redis://127.0.0.1:PORT/0, not {text[:80]!r}; delete it to pick again")
-    return port
-
-
-def record_port(var_dir: Path, port: int) -> Path:
-    """Write var/redis.url (0600, replaced atomically) for the embedded Redis on `port`."""
-    var_dir.mkdir(parents=True, exist_ok=True)
-    path = record_path(var_dir)
-    tmp = path.with_name(f".{RECORD_NAME}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f"redis://127.0.0.1:{port}/0\n")
-    os.replace(tmp, path)
-    return path
-
-
 def pick_free_port(start: int, host: str = "127.0.0.1") -> int:
     """The first free port after `start` (within PICK_RANGE), else one the system picks."""
     for port in range(start + 1, min(start + 1 + PICK_RANGE, 65536)):
@@ -205,12 +179,12 @@ def check_ports(
 def _check_redis(env: dict[str, str], var_dir: Path, found: Ports, *, pick: bool) -> None:
     name = "CLOCKQ_EMBEDDED_REDIS_PORT"
     explicit = bool((env.get(name) or "").strip())
-    port = _int_variable(env, name, DEFAULT_REDIS_PORT) if explicit else None
+    port = _int_variable(env, name, embedded_redis.DEFAULT_REDIS_PORT) if explicit else None
     source = name
     if port is None:
-        port = recorded_port(var_dir)
-        source = str(record_path(var_dir)) if port is not None else "the default"
-        port = port or DEFAULT_REDIS_PORT
+        port = embedded_redis.recorded_port(var_dir)
+        source = str(embedded_redis.record_path(var_dir)) if port is not None else "the default"
+        port = port or embedded_redis.DEFAULT_REDIS_PORT
     found.redis_port = port
     if port_is_free(port):
         return
@@ -220,7 +194,7 @@ def _check_redis(env: dict[str, str], var_dir: Path, found: Ports, *, pick: bool
             "or set REDIS_URL to a Redis of your own"
         )
         if not explicit:
-            hint = f"`make run` picks a free one and records it in {record_path(var_dir)}; or {hint}"
+            hint = f"`make run` picks a free one and records it in {embedded_redis.record_path(var_dir)}; or {hint}"
         found.problems.append(_taken(name, port, "the embedded Redis", hint))
         return
     pid, _uid = _listener(port)
@@ -234,11 +208,12 @@ def _check_redis(env: dict[str, str], var_dir: Path, found: Ports, *, pick: bool
         return
     holder = who_listens(port)
     free = pick_free_port(port)
-    record_port(var_dir, free)
+    embedded_redis.record_port(var_dir, free)
     found.redis_port = free
+    record = embedded_redis.record_path(var_dir)
     found.notes.append(
         f"port {port} for the embedded Redis ({source}) is taken{f' by {holder}' if holder else ''}: "
-        f"using {free}, recorded in {record_path(var_dir)} (manage.py and `celery -A clockq` read it there; "
+        f"using {free}, recorded in {record} (manage.py and `celery -A clockq` read it there; "
         f"{name} or REDIS_URL choose otherwise)"
     )
 

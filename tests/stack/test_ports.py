@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from clockq import embedded_redis
 from clockq.stack import ports
 from tests.harness import ROOT, free_port, wait_for
 
@@ -56,7 +57,7 @@ def test_a_taken_port_stops_the_start_naming_the_port_its_variable_and_its_holde
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"{variable}={port} ({what}) is taken by pid {os.getpid()} (" in result.stderr
     assert f"{variable}=" in result.stderr.split("is taken", 1)[1]
-    assert not (tmp_path / ports.RECORD_NAME).exists()  # an explicit port is never moved
+    assert not (tmp_path / embedded_redis.RECORD_NAME).exists()  # an explicit port is never moved
 
 
 def test_free_ports_pass_quietly(tmp_path):
@@ -67,16 +68,16 @@ def test_free_ports_pass_quietly(tmp_path):
 def test_a_taken_embedded_redis_port_is_replaced_and_recorded_where_settings_and_celery_read_it(tmp_path):
     # Given var/redis.url recording a port that another server holds
     with held_port() as port:
-        ports.record_port(tmp_path, port)
+        embedded_redis.record_port(tmp_path, port)
         env = clean_env(tmp_path)
         # When make run's check runs
         result = run_check(env)
         # Then it picks a free port, records it, and says so
         assert result.returncode == 0, result.stderr
-        picked = ports.recorded_port(tmp_path)
+        picked = embedded_redis.recorded_port(tmp_path)
         assert picked is not None and picked != port and ports.port_is_free(picked)
         assert f"port {port} for the embedded Redis" in result.stdout and f"using {picked}" in result.stdout
-    assert (tmp_path / ports.RECORD_NAME).stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / embedded_redis.RECORD_NAME).stat().st_mode & 0o777 == 0o600
 
     # And manage.py's settings and Celery's CLI find the broker there without a variable
     shown = subprocess.run(
@@ -112,7 +113,7 @@ def test_a_taken_embedded_redis_port_is_replaced_and_recorded_where_settings_and
 
 
 def test_a_malformed_record_is_refused_saying_what_to_do(tmp_path):
-    (tmp_path / ports.RECORD_NAME).write_text("6391\n")
+    (tmp_path / embedded_redis.RECORD_NAME).write_text("6391\n")
     result = run_check(clean_env(tmp_path))
     assert result.returncode == 2 and "delete it to pick again" in result.stderr
 
@@ -138,7 +139,7 @@ def test_an_earlier_starts_embedded_redis_still_running_stops_the_start_instead_
 
     port, data = free_port(), tmp_path / "redis"
     data.mkdir()
-    ports.record_port(tmp_path, port)
+    embedded_redis.record_port(tmp_path, port)
     server = subprocess.Popen(redis_server_argv(port, data, durable=True), stdout=subprocess.DEVNULL)
     try:
         wait_for(lambda: not ports.port_is_free(port), 30, "the old Redis to listen")
@@ -151,4 +152,4 @@ def test_an_earlier_starts_embedded_redis_still_running_stops_the_start_instead_
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"earlier start of this clockq, still running (pid {server.pid}" in result.stderr
     assert f"kill {server.pid}" in result.stderr
-    assert ports.recorded_port(tmp_path) == port  # the record is left as it was
+    assert embedded_redis.recorded_port(tmp_path) == port  # the record is left as it was

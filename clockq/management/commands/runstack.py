@@ -30,6 +30,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.migrations.executor import MigrationExecutor
 
+from clockq import embedded_redis
 from clockq.bus import names
 from clockq.bus.client import client
 from clockq.bus.redis_server import redis_server_argv
@@ -335,7 +336,7 @@ def _embedded_redis() -> Child:
     if not port_is_free(port):
         raise CommandError(
             f"port {port} for the embedded Redis is taken; choose another with CLOCKQ_EMBEDDED_REDIS_PORT=..., "
-            f"or set REDIS_URL (`make run` picks a free one and records it in var/{ports.RECORD_NAME})"
+            f"or set REDIS_URL (`make run` picks a free one and records it in var/{embedded_redis.RECORD_NAME})"
         )
     data = settings.VAR_DIR / "redis"
     data.mkdir(parents=True, exist_ok=True)
