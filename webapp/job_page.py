@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.conf import settings
 from django.core.exceptions import BadRequest
 from django.core.paginator import Paginator
 from django.db.models import Count, ExpressionWrapper, F, IntegerField, Max, Min, Q
@@ -71,6 +72,7 @@ def context(job: Job, query) -> dict:
         if job.held_for_admission and job.state == "held"
         else None,
         "held_release": control.held_release(job),
+        "storage_fault_limit": settings.CLOCKQ_JOB_STORAGE_FAULTS,
     }
 
 

@@ -109,6 +109,9 @@ class JobSerializer(BuiltOnceFields, serializers.ModelSerializer):
             "util_ewma",
             "switch_cost_ms",
             "result_bytes",
+            "work_bytes",
+            "work_files",
+            "storage_faults",
             "held_for_admission",
             "admission_note",
         ]

@@ -149,6 +149,21 @@ def test_an_unknown_listing_is_a_clear_400(client, alice):
     assert response.status_code == 400
 
 
+def test_what_a_running_jobs_work_folder_holds_and_its_storage_faults_are_on_its_page_and_in_the_api(client, alice):
+    """The owner sees why the quota is used while the job runs, and how near it is to failing for
+    its storage faults; a job that holds nothing shows neither."""
+    job = submit(alice, name="x")
+    client.force_login(alice)
+    page, _ = render(client, job)
+    assert "Work folder" not in page and "Storage faults" not in page
+    Job.objects.filter(pk=job.pk).update(state="running", work_bytes=3 * 1024 * 1024, work_files=12, storage_faults=2)
+    page, _ = render(client, job)
+    assert re.search(r'class="work-folder">3\.0\xa0MB in 12 files', page), page
+    assert re.search(r'class="storage-faults">2 of 3:', page)
+    answer = client.get(f"/api/jobs/{job.pk}").json()
+    assert (answer["work_bytes"], answer["work_files"], answer["storage_faults"]) == (3 * 1024 * 1024, 12, 2)
+
+
 def test_the_timeline_merges_neighbours_past_its_limit_and_keeps_every_slice_and_outcome(alice):
     job = submit(alice, name="long")
     add_slices(job, 10_000)
