@@ -14,10 +14,10 @@ from django.conf import settings
 from clockq.bus import heartbeat
 from clockq.control_state import scale_hook
 from clockq.forecasting import load_history
-from clockq.jobs import promotion, queue_samples, service_levels
+from clockq.jobs import promotion, queue_samples
 from clockq.kpis import reports as kpis
 from clockq.policy.tiers import BP
-from control import reaper, reconcile, retention
+from control import reaper, reconcile, retention, service_levels
 
 log = logging.getLogger("clockq.tasks")
 

@@ -14,10 +14,10 @@ from django.conf import settings
 from django.forms.fields import InvalidJSONInput, JSONString
 from django.utils import timezone
 
-from clockq.jobs import client_input, quotas, workloads
+from clockq.jobs import quotas, workloads
 from clockq.jobs.workload_params import clean_params
 from clockq.policy.tiers import DEFAULT_TIER, TIER_CODES
-from webapp import param_fields
+from webapp import client_input, param_fields
 
 MAX_PARAMS_BYTES = 16 * 1024
 F = TypeVar("F", bound=forms.Form)

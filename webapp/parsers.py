@@ -1,11 +1,11 @@
-"""The API's only parser: JSON, read and checked as every client's input is (clockq.jobs.client_input)."""
+"""The API's only parser: JSON, read and checked as every client's input is (webapp/client_input.py)."""
 
 from __future__ import annotations
 
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-from clockq.jobs import client_input
+from webapp import client_input
 
 
 class BoundedJSONParser(JSONParser):

@@ -10,9 +10,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from clockq.control_state import control
-from clockq.jobs import client_input, services
 from clockq.jobs import metrics as job_metrics
-from webapp import job_page
+from clockq.jobs import services
+from webapp import client_input, job_page
 from webapp.access import visible_jobs
 from webapp.forms import WebJobForm, posted_fields
 from webapp.results_api import result_file_response

@@ -1,5 +1,5 @@
 """The web form and the JSON API refuse the same hostile inputs with the same 400, naming the
-field, and create nothing: both read their input through clockq.jobs.client_input."""
+field, and create nothing: both read their input through webapp.client_input."""
 
 from __future__ import annotations
 

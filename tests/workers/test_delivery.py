@@ -101,8 +101,8 @@ def test_waiting_jobs_past_their_deadline_time_out(alice):
 
     from django.utils import timezone
 
-    from clockq.jobs.service_levels import time_out_overdue_jobs
     from clockq.jobs.services import hold_job
+    from control.service_levels import time_out_overdue_jobs
 
     queued = submit(alice, "BK", "late-queued", steps=1)
     held = hold_job(submit(alice, "BK", "late-held", steps=1), actor="alice")

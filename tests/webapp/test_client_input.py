@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clockq.jobs.client_input import InputRefused, check, loads, object_from_pairs
+from webapp.client_input import InputRefused, check, loads, object_from_pairs
 
 DEEP = "[" * 100_000 + "]" * 100_000
 

@@ -7,7 +7,8 @@
   checkpoints. A running one times out at its next slice boundary (workers/slice_runner.py).
 
 Workers apply the same rules when they claim a job (clockq/policy/service_levels.py), so a job
-is judged at the moment it starts too, not only at the next tick.
+is judged at the moment it starts too, not only at the next tick. The sweep itself is the control
+role's: beat sends "clockq: SLO check" every 10 s to the control worker (control/tasks.py).
 """
 
 from __future__ import annotations

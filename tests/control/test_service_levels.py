@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from clockq.jobs.models import Job
-from clockq.jobs.service_levels import check_service_levels
+from control.service_levels import check_service_levels
 from tests.helpers import submit
 
 pytestmark = pytest.mark.django_db
