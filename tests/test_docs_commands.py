@@ -1,8 +1,10 @@
-"""Every command and module the pages and the README name exists.
+"""Every command, endpoint and module the pages and the README name exists.
 
 - Every `make` target, `manage.py` command and `clockq` subcommand written in their code (inline
   spans and `sh` blocks) exists, and the architecture page lists every command of
   `clockq/management/`.
+- Every endpoint they give (`GET /api/jobs/<id>`, http://localhost:8000/jobs/new) is a route of
+  the server, and every periodic task they name (`clockq: SLO check`) is one the code seeds.
 - Every module, and name in it, given as `clockq.jobs.transitions.transition` or as
   `clockq/policy/lanes.py::rt_lane_path` exists, or is a name the code itself gives (a Celery
   task's, a logger's, a system check's); every module a row of the architecture page's package
@@ -20,8 +22,18 @@ from pathlib import Path
 
 import pytest
 from django.core.management import get_commands
+from django.urls import Resolver404, resolve
 
-from tests.docs_pages import PRODUCTION, ROOT, named_in_code, page_text, parsed, strings_of_the_code, table_rows
+from tests.docs_pages import (
+    PAGES,
+    PRODUCTION,
+    ROOT,
+    named_in_code,
+    page_text,
+    parsed,
+    strings_of_the_code,
+    table_rows,
+)
 
 MAKE = r"(?:^|[\s;&|(])make\s+([a-z][\w-]*)"
 MANAGE = r"manage\.py\s+([a-z]\w*)"
@@ -31,6 +43,9 @@ CLOCKQ = r"(?:^|\$ |[;&|]\s*|/)clockq\s+([a-z][\w-]*)"
 # A file's name (`clockq.json`, Grafana's dashboard) is no module.
 DOTTED = rf"^((?:{'|'.join(PRODUCTION)})(?:\.[A-Za-z_]\w*)+)(?<!\.json)(?<!\.yaml)(?:\(\))?$"
 CITED = r"^([\w/]+\.py::[\w.]+)(?:\(\))?$"
+ENDPOINT = r"^(?:GET|POST|PUT|PATCH|DELETE) (/[^\s?]*)"
+LOCAL_URL = r"http://localhost:8000(/[\w/<>.-]*)"
+PERIODIC = r"^(clockq: [A-Za-z][\w ]*\w)$"
 # A row of the architecture page's package table that lists its package's modules in full; the
 # others name some of them.
 COMPLETE_ROWS = {"clockq/bus/"}
@@ -67,6 +82,29 @@ def test_the_architecture_page_lists_every_command_of_the_core():
     listed = set(re.findall(r"`(\w+)`", line.split("(`clockq/management/`)", 1)[1]))
     there = {p.stem for p in (ROOT / "clockq/management/commands").glob("*.py") if p.stem != "__init__"}
     assert listed == there, f"docs/architecture.md lists {sorted(listed)}; clockq/management/commands: {sorted(there)}"
+
+
+def route_of(path: str) -> str | None:
+    """The route's name a path resolves to (`<id>` read as 1, other placeholders as words), or
+    None when only the catch-all JSON 404 of /api/, which has no name, takes it."""
+    concrete = re.sub(r"<[^>]*>", "x", path.replace("<id>", "1"))
+    try:
+        match = resolve(concrete)
+    except Resolver404:
+        return None
+    return match.url_name
+
+
+def test_every_endpoint_the_pages_give_is_a_route():
+    urls = {(page, m.group(1)) for page in PAGES for m in re.finditer(LOCAL_URL, page_text(page))}
+    given = set(named_in_code(ENDPOINT)) | urls
+    missing = sorted({f"{page}: {path}" for page, path in given if route_of(path) is None})
+    assert not missing, "endpoints the server does not have:\n" + "\n".join(missing)
+
+
+def test_every_periodic_task_the_pages_name_is_one_the_code_seeds():
+    missing = sorted({f"{page}: {name}" for page, name in named_in_code(PERIODIC) if name not in strings_of_the_code()})
+    assert not missing, "periodic tasks the code does not have:\n" + "\n".join(missing)
 
 
 def module_file(dotted: str) -> Path | None:
@@ -160,6 +198,11 @@ def test_a_name_resolves_to_a_module_and_into_its_classes():
     assert not dotted_exists("clockq.jobs.transitions.no_such_name")
 
 
+def test_a_path_the_catch_all_takes_is_no_route():
+    assert route_of("/api/jobs/<id>/result/<name>") == "api-job-result-file"
+    assert route_of("/api/no_such_endpoint") is None
+
+
 @pytest.mark.parametrize(
     ("pattern", "code", "found"),
     [
@@ -172,6 +215,8 @@ def test_a_name_resolves_to_a_module_and_into_its_classes():
         (CLOCKQ, "kubectl -n clockq get pods", []),
         (DOTTED, "clockq.policy.control.admits", ["clockq.policy.control.admits"]),
         (DOTTED, "clockq.json", []),
+        (ENDPOINT, "GET /api/jobs/<id>?history=1", ["/api/jobs/<id>"]),
+        (PERIODIC, "clockq: SLO check", ["clockq: SLO check"]),
     ],
 )
 def test_what_the_patterns_read_in_code(pattern, code, found):
