@@ -120,14 +120,41 @@ print(json.dumps(codes))
 """
 
 
+# Run as a job's uid or this process's user: basic-auth requests to the API, their status codes.
+API_GUESSER = r"""
+import base64, json, sys, urllib.error, urllib.request
+url, username, passwords = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+codes = []
+for password in passwords:
+    login = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": login}), timeout=30) as r:
+            codes.append(r.status)
+    except urllib.error.HTTPError as exc:
+        codes.append(exc.code)
+print(json.dumps(codes))
+"""
+API_ATTEMPTS = 3  # per minute, source and gunicorn process (the web role runs 2)
+
+
+def run_as(argv: list[str], uid: int | None) -> str:
+    """Run `argv` by the system's Python, as `uid` (a job's) or as this process's user: its stdout."""
+    as_uid = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+    done = subprocess.run(argv, cwd="/", env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, **as_uid)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def guess_api(web_port: int, passwords: list[str], uid: int | None = None) -> list[int]:
+    argv = [program_python(), "-c", API_GUESSER, f"http://127.0.0.1:{web_port}/api/jobs", CAROL[0]]
+    return json.loads(run_as([*argv, json.dumps(passwords)], uid))
+
+
 def guess(flower_port: int, web_port: int, passwords: list[str], uid: int | None = None) -> dict[str, list[int]]:
     """Run GUESSER, as `uid` (a job's) or as this process's user: its status codes."""
     argv = [program_python(), "-c", GUESSER, f"http://127.0.0.1:{flower_port}", f"http://127.0.0.1:{web_port}"]
     argv += [CAROL[0], json.dumps(passwords)]
-    as_uid = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
-    done = subprocess.run(argv, cwd="/", env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, **as_uid)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return json.loads(run_as(argv, uid))
 
 
 @pytest.fixture
@@ -137,6 +164,8 @@ def web(redis_server, settings, tmp_path):
     settings.CLOCKQ_CHECKPOINT_DIR.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_server.url}
     env["CLOCKQ_CHECKPOINT_DIR"] = str(settings.CLOCKQ_CHECKPOINT_DIR)
+    # The API's basic auth on, throttled to a few attempts a minute per source and process.
+    env.update(CLOCKQ_API_BASIC_AUTH="1", CLOCKQ_API_BASIC_AUTH_RATE=f"{API_ATTEMPTS}/min")
     service = Service("gunicorn", web_argv("127.0.0.1", port), env, ROOT, tmp_path / "gunicorn.log").start()
 
     def answers() -> bool:
@@ -176,3 +205,21 @@ def test_a_jobs_wrong_logins_lock_out_the_job_and_never_carol_on_the_same_addres
     # And carol, from the same address, gets in to both with her password
     assert guess(flower.port, web, [CAROL[1]]) == {"flower": [200], "web": [302]}
     assert f"from 127.0.0.1 (job uid {job_uid}) locked out" in flower.log_text()
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(MY_UID != 0, reason="a program runs as a job's uid only when the tests run as root")
+def test_a_job_that_uses_up_the_apis_basic_auth_rate_leaves_carols_on_the_same_address(
+    django_user_model, settings, web
+):
+    # Given carol, and the API's basic auth throttled to API_ATTEMPTS a minute per source
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
+    django_user_model.objects.create_user(CAROL[0], password=CAROL[1], is_staff=True)
+    job_uid = settings.CLOCKQ_COMMAND_UID_BASE + settings.CLOCKQ_COMMAND_UID_COUNT - 1
+    # When a job's program, from 127.0.0.1, tries more than both web processes allow it
+    codes = guess_api(web, [f"guess-{i}" for i in range(4 * API_ATTEMPTS)], uid=job_uid)
+    # Then it is throttled
+    assert codes[-1] == 429 and set(codes) <= {401, 429}
+    # And carol, from the same address, is not: her password gets her in
+    assert guess_api(web, [CAROL[1]]) == [200]

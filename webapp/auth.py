@@ -10,11 +10,15 @@ from rest_framework.authentication import BasicAuthentication
 from rest_framework.exceptions import Throttled
 from rest_framework.throttling import SimpleRateThrottle
 
+from clockq.login_source import axes_client_ip
+
 
 class BasicAuthThrottle(SimpleRateThrottle):
-    """Basic-auth attempts per client address. Each one costs a password hash (about half a
-    second of CPU), so this bounds the cost as well as the guessing; repeated failures also lock
-    the username out (django-axes). The count lives in this process's cache."""
+    """Basic-auth attempts per source. Each one costs a password hash (about half a second of
+    CPU), so this bounds the cost as well as the guessing; repeated failures also lock the
+    username out (django-axes). The source is django-axes' (clockq/login_source.py): a job's
+    program on this host is its own source, so that its attempts never use up the admin's on the
+    same address. The count lives in this process's cache."""
 
     scope = "basic-auth"
 
@@ -22,7 +26,7 @@ class BasicAuthThrottle(SimpleRateThrottle):
         return settings.CLOCKQ_API_BASIC_AUTH_RATE
 
     def get_cache_key(self, request, view) -> str:
-        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+        return self.cache_format % {"scope": self.scope, "ident": axes_client_ip(request)}
 
 
 class OptionalBasicAuthentication(BasicAuthentication):
