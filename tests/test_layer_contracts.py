@@ -24,6 +24,11 @@ PLANTS = {
         "clockq.supervision.planted",
     ),
     "The settings import nothing of the launcher": ("clockq/env.py", "import clockq.stack.ports", "clockq.env"),
+    "The control state imports nothing of the jobs": (
+        "clockq/control_state/planted.py",
+        "import clockq.jobs.order",
+        "clockq.control_state.planted",
+    ),
     "The policy is pure": ("clockq/policy/planted.py", "import django.db", "clockq.policy.planted"),
     "The trace replay imports from clockq only clockq.policy": (
         "clockq/replay/planted.py",

@@ -2,36 +2,59 @@
 what an operator forced, with an audit row for every change.
 
 The rules are pure (clockq/policy/control.py); this module applies them to the singleton
-ControlState row under a row lock, and releases the jobs held for admission: all of them when it
-reopens, and at each forecast while it is closed those that `rules.admits` now lets in (their
-room is no longer full). The controller (the forecast task) calls apply_forecast; the admin calls
-force_state / unforce; submit_job reads admission() and weighs each job through a Gate.
+ControlState row under a row lock, and says which jobs held for admission that lets go: all of
+them when it reopens, and at each forecast while it is closed those that `rules.admits` now lets
+in (their room is no longer full). The controller (the forecast task) calls apply_forecast; the
+admin calls force_state / unforce; submit_job reads admission() and weighs each job through a
+Gate (clockq/jobs/admission.py).
+
+The control state stands below the jobs, and imports nothing of them: the held jobs are released
+by clockq/jobs/admission.py, which receives `release_held` (connected when the jobs app is ready).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
-from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
-from django.db.models import QuerySet
+from django.dispatch import Signal
 from django.utils import timezone
 
 from clockq.control_state.models import ControlDecision, ControlState
-from clockq.jobs import order
-from clockq.jobs.models import Job
-from clockq.jobs.transitions import transition
 from clockq.policy import control as rules
 from clockq.policy.states import JobState
 
 log = logging.getLogger("clockq.control")
 
 CONTROLLER = "controller"
-RELEASE_BATCH = 200
+
+
+class Release(enum.Enum):
+    """Which of the jobs held for admission a change of the control state lets go."""
+
+    ALL = "all"  # admission is open: every one, the most urgent tier first, then the oldest
+    WOULD_START = "would start"  # closed by the forecast: those that `rules.admits` lets in now
+
+
+# Sent after a change is committed, with release (a Release), actor and why, and for WOULD_START
+# gpus (the workers alive) and thresholds. Its receiver, clockq/jobs/admission.py, queues the jobs.
+release_held = Signal()
+
+
+def _release_held(release: Release, actor: str, why: str, gpus: int = 0, t: rules.Thresholds | None = None) -> None:
+    release_held.send(ControlState, release=release, actor=actor, why=why, gpus=gpus, thresholds=t)
+
+
+class HeldJob(Protocol):
+    """What `held_release` reads of a job (clockq.jobs' Job)."""
+
+    state: str
+    held_for_admission: bool
 
 
 class ControlRefused(ValueError):
@@ -79,7 +102,7 @@ def release_note(state: ControlState) -> str:
     return rules.release_note(forced=state.forced, hold=thresholds().hold)
 
 
-def held_release(job: Job, now: datetime | None = None) -> rules.ExpectedRelease | None:
+def held_release(job: HeldJob, now: datetime | None = None) -> rules.ExpectedRelease | None:
     """When a job held for admission is expected to be queued (`rules.expected_release`), for its
     page; None for any other job (an operator's hold, or not held)."""
     if job.state != JobState.HELD or not job.held_for_admission:
@@ -101,39 +124,6 @@ def holding_note(state: ControlState) -> str:
     return rules.holding_note(forced=state.forced, hold=thresholds().hold)
 
 
-def cluster(gpus: int) -> rules.Cluster:
-    """The cluster as a closed admission weighs it now: `gpus` GPUs (the workers alive at the
-    latest forecast), those that no running job holds, and, only while none is free (the
-    queue matters only then: `Room.full`), the queued jobs by class."""
-    free = max(0, gpus - Job.objects.filter(state=JobState.RUNNING).count())
-    return rules.Cluster(gpus, free, tuple(order.queued_by_class()) if gpus and not free else ())
-
-
-class Gate:
-    """Admission as one submission weighs its jobs: one read of the control state, and of the
-    cluster only if the rule weighs it (admission closed by the forecast, a tier it may hold)."""
-
-    def __init__(self, state: ControlState):
-        self.state = state
-        self.hold = thresholds().hold
-        self._cluster: rules.Cluster | None = None
-
-    def admits(self, tier_code: str, rank: int) -> tuple[bool, str]:
-        """Whether a new job of this tier is queued now, and if not, why it is held."""
-        is_open, forced = self.state.admission_open, self.state.forced
-        room = None
-        if rules.weighs_room(tier_code, is_open, forced=forced, hold=self.hold):
-            if self._cluster is None:
-                self._cluster = cluster(self.state.gpus or 0)
-            room = self._cluster.room(rank)
-        if rules.admits(tier_code, is_open, forced=forced, hold=self.hold, room=room):
-            if room is not None and self._cluster is not None:
-                self._cluster = self._cluster.with_queued(rank)  # ahead of the batch's lower tiers
-            return True, ""
-        why = closed_note(self.state) + (f"; {rules.held_note(room)}" if room is not None else "")
-        return False, f"{why}; {release_note(self.state)}"
-
-
 def apply_forecast(
     forecast: float, at: datetime | None = None, workers: int = 0, basis: rules.Basis | None = None
 ) -> list[rules.Decision]:
@@ -145,7 +135,7 @@ def apply_forecast(
     `workers` is the number of GPU workers alive now. While an operator's override is in force
     only the forecast is recorded. A forecast older than the one recorded is ignored, so a late
     message cannot undo a newer decision. When admission reopens, the jobs held for it are
-    released (by tier, then age) after the state is committed.
+    released (by tier, then age) after the state is committed (`release_held`).
     """
     if problem := rules.forecast_problem(forecast):
         raise ValueError(problem)
@@ -175,13 +165,13 @@ def apply_forecast(
         log.info("control: %s (forecast %.3f)", change.reason, forecast)
     now_open = next(bool(d.new) for d in decisions if d.field == rules.ADMISSION)
     if not state.admission_open and now_open:
-        release_held_for_admission(CONTROLLER, next(d.reason for d in changes if d.field == rules.ADMISSION))
+        _release_held(Release.ALL, CONTROLLER, next(d.reason for d in changes if d.field == rules.ADMISSION))
     elif now_open:
         # Admission was open all along: a submission that read it closed just before it reopened
         # may have stored a held job after the release; pick up any such straggler.
-        release_held_for_admission(CONTROLLER, "admission open")
+        _release_held(Release.ALL, CONTROLLER, "admission open")
     else:
-        release_held_that_would_start(workers, t)
+        _release_held(Release.WOULD_START, CONTROLLER, "it would start now", workers, t)
     return changes
 
 
@@ -228,7 +218,7 @@ def force_state(
         )
         _audit(changes, state.forecast, actor)
     if not state.admission_open and admission_open:
-        release_held_for_admission(actor, f"admission reopened by {actor}")
+        _release_held(Release.ALL, actor, f"admission reopened by {actor}")
     return changes
 
 
@@ -246,84 +236,6 @@ def unforce(actor: str) -> list[rules.Decision]:
         changes = [rules.Decision("forced", True, False, reason)]
         _audit(changes, state.forecast, actor)
     return changes
-
-
-def release_held_for_admission(actor: str, why: str) -> int:
-    """Queue the jobs held because admission was closed: the most urgent tier first, then the
-    oldest, each through the release transition (a compare-and-set on its state and token, that
-    sends its wake-up message). Jobs an operator held are not touched. Stops if admission closes
-    again meanwhile. Safe to run twice at once: each job is released once. Returns how many."""
-    return _release(Job.objects.all(), actor, why, keep_going=admission_open)
-
-
-def release_held_that_would_start(gpus: int, t: rules.Thresholds) -> int:
-    """While the forecast keeps admission closed: queue the held jobs that `rules.admits` now
-    lets in, asked as new jobs of their tier would be (the most urgent tier first; a tier's
-    jobs are alike to the rule, and go oldest first). Returns how many."""
-    released = 0
-    cluster_now: rules.Cluster | None = None
-    held_tiers = (
-        Job.objects.filter(state=JobState.HELD, held_for_admission=True)
-        .order_by("tier__rank")
-        .values_list("tier__code", "tier__rank", "tier_id")
-        .distinct()
-    )
-    for code, rank, tier_id in held_tiers:
-        if not rules.weighs_room(code, False, hold=t.hold):
-            continue  # the room does not matter: held until admission reopens
-        cluster_now = cluster_now or cluster(gpus)
-        room = cluster_now.room(rank)
-        if not rules.admits(code, False, hold=t.hold, room=room):
-            continue
-        why = "it would start now: " + ("a GPU is free" if room.free_gpus else "the cluster is no longer full for it")
-        done = _release(Job.objects.filter(tier_id=tier_id), CONTROLLER, why, keep_going=_closed_by_forecast)
-        cluster_now = cluster_now.with_queued(rank, done)
-        released += done
-    return released
-
-
-def _closed_by_forecast() -> bool:
-    state = admission()
-    return not state.admission_open and not state.forced
-
-
-def _release(jobs: QuerySet[Job], actor: str, why: str, *, keep_going: Callable[[], bool]) -> int:
-    """Release the jobs held for admission among `jobs`, oldest first, while keep_going()."""
-    released = 0
-    while keep_going():
-        before = released
-        batch = list(
-            jobs.filter(state=JobState.HELD, held_for_admission=True)
-            .order_by("tier__rank", "submitted_at", "id")
-            .values_list("id", "dispatch_token", "tier__queue_name")[:RELEASE_BATCH]
-        )
-        if not batch:
-            break
-        for job_id, token, queue in batch:
-            done = transition(
-                job_id,
-                to=JobState.QUEUED,
-                expect={JobState.HELD},
-                token=token,
-                reason=f"released: {why}",
-                actor=actor,
-                rotate_token=True,
-                queue_name=queue,
-            )
-            released += done is not None
-        if len(batch) < RELEASE_BATCH or released == before:
-            break  # the last batch, or one that lost every race: never spin on the same jobs
-    if released:
-        log.info("released %s job(s) held for admission (%s)", released, why)
-    return released
-
-
-def release_if_open() -> None:
-    """Called once a held-for-admission submission has committed: if admission reopened between
-    the submission's read and its commit, the release sweep may have run before the job existed,
-    so release it now."""
-    if admission_open():
-        release_held_for_admission(CONTROLLER, "admission reopened while it was being submitted")
 
 
 def _locked() -> ControlState:

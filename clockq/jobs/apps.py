@@ -8,10 +8,15 @@ class JobsConfig(AppConfig):
     verbose_name = "clockq"
 
     def ready(self) -> None:
+        from clockq.control_state.control import release_held
+        from clockq.jobs.admission import on_release_held
         from clockq.jobs.tiers import check_tier_rows
 
         checks.register(check_workloads_have_specs)
         checks.register(check_tier_rows, checks.Tags.database)
+        # The control state never imports the jobs: it says what its change lets go, and the
+        # jobs held for admission are released here (clockq/jobs/admission.py).
+        release_held.connect(on_release_held, dispatch_uid="clockq.jobs.admission.on_release_held")
 
 
 def check_workloads_have_specs(app_configs=None, **kwargs) -> list[checks.CheckMessage]:

@@ -10,7 +10,7 @@ from clockq.bus import signals
 from clockq.bus.client import client
 from clockq.bus.dispatch import publish_dispatches
 from clockq.control_state import control
-from clockq.jobs import quotas, workloads
+from clockq.jobs import admission, quotas, workloads
 from clockq.jobs.models import Job, JobEvent, QueueTier
 from clockq.jobs.transitions import Changed, transition
 from clockq.policy.slicing import PendingAction
@@ -39,7 +39,7 @@ def submit_job(
     """Create a queued job from already-validated input and send its wake-up message. Raises
     QuotaExceeded when the owner is at a limit.
 
-    While admission is closed (clockq/control_state/control.py) a job that `control.admits` does
+    While admission is closed (clockq/control_state/control.py) a job that `admission.Gate` does
     not let in is accepted but stored `held`, marked held_for_admission, with no message: it is
     queued when a later forecast lets it in, or when admission reopens."""
     submission = {
@@ -65,7 +65,7 @@ def submit_jobs(owner, submissions: list[dict], actor: str | None = None) -> lis
     if missing := sorted(codes - tiers.keys()):
         raise QueueTier.DoesNotExist(f"no row for tier {', '.join(missing)}: is the database migrated?")
     now = timezone.now()
-    gate = control.Gate(control.admission())
+    gate = admission.Gate(control.admission())
     who = actor or owner.get_username()
     declared = sum(workloads.declared_state_bytes(s["workload"], s["params"]) for s in submissions)
     jobs: list[Job] = []
@@ -115,7 +115,7 @@ def submit_jobs(owner, submissions: list[dict], actor: str | None = None) -> lis
         if any(job.held_for_admission for job in created):
             # Admission may have reopened between our read and this commit, its release sweep
             # running before these jobs existed: look again once they are committed.
-            transaction.on_commit(control.release_if_open)
+            transaction.on_commit(admission.release_if_open)
     return created
 
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from clockq.bus import dispatch
 from clockq.control_state import control
 from clockq.control_state.models import ControlDecision, ControlState
-from clockq.jobs import services
+from clockq.jobs import admission, services
 from clockq.jobs.models import Job
 from clockq.policy import control as rules
 from tests.helpers import submit
@@ -270,7 +270,7 @@ def test_reopening_releases_held_jobs_by_tier_then_age_and_leaves_operator_holds
     assert (operator_held.state, operator_held.held_for_admission) == ("held", False)
 
     # Idempotent: nothing is left to release, and nothing is sent twice.
-    assert control.release_held_for_admission("controller", "again") == 0
+    assert admission.release_held_for_admission("controller", "again") == 0
 
 
 def test_the_controller_reopening_releases_the_held_jobs(alice, full, sent, django_capture_on_commit_callbacks):
@@ -344,8 +344,8 @@ def test_the_cluster_is_weighed_from_the_running_jobs_and_the_queued_ones_by_cla
     submit(alice, "BK", "experiment")
 
     # A GPU is free: the queue does not matter, and is not read.
-    assert control.cluster(2) == rules.Cluster(gpus=2, free_gpus=1, queued=())
-    full = control.cluster(1)
+    assert admission.cluster(2) == rules.Cluster(gpus=2, free_gpus=1, queued=())
+    full = admission.cluster(1)
     classes = sorted((s.rank, s.level > 0, s.promoted, s.gpus) for s in full.queued)
     assert classes == [(1, False, False, 2), (1, True, False, 1), (4, False, False, 1)]
     assert [full.room(rank).gpus_ahead for rank in range(5)] == [0, 0, 2, 2, 2]
