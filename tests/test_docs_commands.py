@@ -7,8 +7,10 @@
   the server, and every periodic task they name (`clockq: SLO check`) is one the code seeds.
 - Every module, and name in it, given as `clockq.jobs.transitions.transition` or as
   `clockq/policy/lanes.py::rt_lane_path` exists, or is a name the code itself gives (a Celery
-  task's, a logger's, a system check's); every module a row of the architecture page's package
-  table names is in that package, and the `clockq/bus/` row names every module of the bus.
+  task's, a logger's, a system check's); a name given by its module's last part
+  (`ordering.pick_next`) is in a module of that name, and a module given alone (`lanes.py`) is
+  one the repository has; every module a row of the architecture page's package table names is
+  in that package, and the `clockq/bus/` row names every module of the bus.
 
 Paths cited as paths (`clockq/jobs/transitions.py`) are tests/test_docs_paths.py's.
 """
@@ -43,6 +45,10 @@ CLOCKQ = r"(?:^|\$ |[;&|]\s*|/)clockq\s+([a-z][\w-]*)"
 # A file's name (`clockq.json`, Grafana's dashboard) is no module.
 DOTTED = rf"^((?:{'|'.join(PRODUCTION)})(?:\.[A-Za-z_]\w*)+)(?<!\.json)(?<!\.yaml)(?:\(\))?$"
 CITED = r"^([\w/]+\.py::[\w.]+)(?:\(\))?$"
+SHORT = r"^([a-z_][a-z0-9_]*\.[A-Za-z_][\w.]*?)(?:\(\))?$"
+BARE_MODULE = r"^(\w+)\.py$"
+# What ends a file's name (`model.keras`, `state.bin`), which is no module's name.
+FILE_ENDINGS = {"py", "bin", "keras", "npy", "json", "jsonl", "yaml", "yml", "csv", "txt", "log", "md", "sh", "ckpt"}
 ENDPOINT = r"^(?:GET|POST|PUT|PATCH|DELETE) (/[^\s?]*)"
 LOCAL_URL = r"http://localhost:8000(/[\w/<>.-]*)"
 PERIODIC = r"^(clockq: [A-Za-z][\w ]*\w)$"
@@ -171,6 +177,28 @@ def test_every_module_and_name_the_pages_give_exists():
     assert not wrong, "modules or names the pages give that the code does not have:\n" + "\n".join(wrong)
 
 
+def modules_by_last_part() -> dict[str, list[Path]]:
+    modules: dict[str, list[Path]] = {}
+    for folder in (*PRODUCTION, "bench", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            modules.setdefault(path.stem, []).append(path)
+    for path in ROOT.glob("*.py"):
+        modules.setdefault(path.stem, []).append(path)
+    return modules
+
+
+def test_every_name_given_by_its_modules_last_part_is_in_such_a_module():
+    modules, wrong = modules_by_last_part(), set()
+    for page, given in named_in_code(SHORT):
+        module, name = given.split(".", 1)
+        if module in PRODUCTION or module not in modules or name in FILE_ENDINGS:
+            continue  # a dotted name from the root (above), or a file's name
+        if not any(defines(path, name) for path in modules[module]):
+            wrong.add(f"{page}: {given}")
+    wrong |= {f"{page}: {name}.py" for page, name in named_in_code(BARE_MODULE) if name not in modules}
+    assert not wrong, "names no module of that name defines:\n" + "\n".join(sorted(wrong))
+
+
 def package_rows() -> Iterator[tuple[str, str]]:
     """(package folder, the rest of its row) of the architecture page's package table."""
     for cells in table_rows(page_text("docs/architecture.md")):
@@ -216,6 +244,8 @@ def test_a_path_the_catch_all_takes_is_no_route():
         (DOTTED, "clockq.policy.control.admits", ["clockq.policy.control.admits"]),
         (DOTTED, "clockq.json", []),
         (ENDPOINT, "GET /api/jobs/<id>?history=1", ["/api/jobs/<id>"]),
+        (SHORT, "ordering.pick_next", ["ordering.pick_next"]),
+        (SHORT, "Job.switch_cost_ms", []),
         (PERIODIC, "clockq: SLO check", ["clockq: SLO check"]),
     ],
 )
