@@ -7,11 +7,12 @@ truth: the broker's queues hold wake-ups in tier order and say nothing of servic
 
 What the order is made of, per job: its service level (its run time on the ladder of the tier it
 is scheduled in, `CLOCKQ_SERVICE_LADDER_S`; counted from `level_from_ms`, which a batch chance
-sets), its tier, whether it is promoted, its owner's share of recent service in that tier
+sets), its tier (the one it is scheduled in), its owner's share of recent service in that tier
 (`UserShare`) and its id, which is its first submission's place (a job that yields keeps it). A
-promoted job keeps its service: the promotion moves it up among the jobs of its level, it does
-not make it new. It goes home once its service since the promotion (`promoted_run_ms`) is
-`Ladder.promotion_service` (workers/run/tiers.py).
+promoted job keeps its service: the promotion moves it up among the jobs of its level, where it
+is ordered by its share and its age as the tier's own jobs are; it is not made new. It goes home
+once its service since the promotion (`promoted_run_ms`) is `Ladder.promotion_service`
+(`Ladder.promotion_over`, asked by workers/run/tiers.py).
 """
 
 from __future__ import annotations
@@ -260,7 +261,7 @@ def _heads_sql(_vendor: str, ladder: ordering.Ladder) -> str:
     )
     numbered = (
         "SELECT id, token, rnk, lvl, promoted, share, ROW_NUMBER() OVER "
-        f"(PARTITION BY rnk ORDER BY lvl, promoted, share, id) AS place FROM ({inner}) q"
+        f"(PARTITION BY rnk ORDER BY lvl, share, id) AS place FROM ({inner}) q"
     )
     return f"SELECT id, token, rnk, lvl, promoted, share FROM ({numbered}) n WHERE place = 1"
 

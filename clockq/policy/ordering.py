@@ -14,18 +14,22 @@ its jobs in structures keyed by these functions' keys; the live system asks the 
   overload, as under plain LAS. A long job of any
   tier sinks below new work, so a months-long service cannot starve a queue, and a new job of
   any tier starts soon; a new urgent job starts first.
-- **Order.** Level first, then tier, then the tier's own jobs before jobs promoted into it,
-  then the user's share of recent service in that tier (fair share: a user with 500 waiting
-  jobs does not crowd out one with one), then the time the job was first submitted. A job that
-  yields keeps its place: it re-enters with its first submit time, not the time it yielded.
+- **Order.** Level first, then tier, then the user's share of recent service in that tier (fair
+  share: a user with 500 waiting jobs does not crowd out one with one), then the time the job
+  was first submitted. A job that yields keeps its place: it re-enters with its first submit
+  time, not the time it yielded.
 - **Promotion.** A promoted job is scheduled in the more urgent tier at the level its whole
-  service gives it on that tier's ladder, behind that tier's own jobs of the same level: it goes
-  ahead of the jobs of its level in its own tier and the tiers below, but it is not made new. A
-  promotion that counted service afresh made every long job that skipped three rounds a new
-  job, which displaced running work and was displaced again a rung later, round after round:
-  preemptions grew with the number of waiting jobs (docs/replay.md has the figures). It keeps
-  the promotion until it has had the first rung of service there since it was promoted
-  (`Ladder.promotion_service`).
+  service gives it on that tier's ladder, and there it is one of that tier's jobs of its level,
+  ordered among them by its share and its age like any other: it goes ahead of the jobs of its
+  level in its own tier and the tiers below, and of the newer jobs of its level in its new tier.
+  It is not made new. A promotion that counted service afresh made every long job that skipped
+  three rounds a new job, which displaced running work and was displaced again a rung later,
+  round after round: preemptions grew with the number of waiting jobs (docs/replay.md has the
+  figures). Nor is it put behind every job of its level there: under a steady stream of new
+  jobs in the new tier, a job placed behind all of them never ran, which is the starvation the
+  promotion is for (docs/benchmarks.md has the figures). It keeps the promotion until it has had
+  the first rung of service there since it was promoted (`Ladder.promotion_service`,
+  `Ladder.promotion_over`), then goes home.
 - **Making way.** A waiting job displaces a running one only if it comes before it in that
   order, and the victim leaves once it has had a planned slice (long enough, by
   `slicing.plan_slice`, to keep its switch within the overhead budget); for the urgent tiers
@@ -110,6 +114,13 @@ class Ladder:
         """Service a promoted job gets in its new tier before it returns home."""
         return sum(self.rungs(to_rank)[:PROMOTION_RUNGS])
 
+    def promotion_over(self, to_rank: int, served_gpu_s: float, *, tolerance_gpu_s: float = 0.0) -> bool:
+        """Whether a job promoted to this tier, with this service there since its promotion,
+        has had its fair amount (`promotion_service`) and returns home, its level counting all
+        its service again. The live boundary and the replay both ask this; the replay's clock
+        sums floats and passes its own tolerance."""
+        return served_gpu_s >= self.promotion_service(to_rank) - tolerance_gpu_s
+
 
 DEFAULT_LADDER = Ladder()
 
@@ -127,28 +138,31 @@ class Standing:
     gpus: int = 1  # how many it needs at once (a gang needs them all)
 
 
-Key = tuple[int, int, bool, float, float, int]
+Key = tuple[int, int, float, float, int]
 
 
 def order_key(s: Standing, *, share: float | None = None) -> Key:
     """Sort key: smaller goes first. `share`, if given, stands for the standing's user share:
-    the share changes while a job waits (its user's other jobs run), the rest does not."""
-    return (s.level, s.rank, s.promoted, s.user_share_gpu_s if share is None else share, s.submitted, s.job_id)
+    the share changes while a job waits (its user's other jobs run), the rest does not. A
+    promoted job is ordered as its new tier's own (module docstring, Promotion)."""
+    return (s.level, s.rank, s.user_share_gpu_s if share is None else share, s.submitted, s.job_id)
 
 
-def job_class(s: Standing) -> tuple[int, int, bool]:
-    """The class a job is displaced by: its level, its tier, and whether it is promoted. Jobs
-    of one class never displace one another (`outranks`)."""
-    return (s.level, s.rank, s.promoted)
+def job_class(s: Standing) -> tuple[int, int]:
+    """The class a job is displaced by: its level and its tier (a promoted job's is the tier it
+    was promoted to). Jobs of one class never displace one another (`outranks`)."""
+    return (s.level, s.rank)
 
 
 def outranks(waiting: Standing, running: Standing) -> bool:
     """Whether a waiting job is in a better class than a running one: a better level, else a
-    more urgent tier, else its own tier's job against a promoted one. Within a class nobody
-    is displaced (the first come keeps its GPU), as in Tiresias, where preemption happens
-    only across queues: taking turns within a class would be processor sharing, which slows
-    every job of the class and makes none of them finish sooner. The user share is left out
-    too: a job does not leave its GPU because its owner's share grew while it ran."""
+    more urgent tier. Within a class nobody is displaced (the first come keeps its GPU), as in
+    Tiresias, where preemption happens only across queues: taking turns within a class would be
+    processor sharing, which slows every job of the class and makes none of them finish sooner.
+    A promoted job is of its new tier's class: once it runs there, the tier's newer jobs of its
+    level do not take its GPU back, so it has its service there (the guard against churn is its
+    return home after a rung, `Ladder.promotion_over`). The user share is left out too: a job does not
+    leave its GPU because its owner's share grew while it ran."""
     return job_class(waiting) < job_class(running)
 
 
