@@ -165,8 +165,9 @@ def test_the_kinds_name_only_what_the_code_uses():
     assert not stale, f"KINDS names variables the code no longer has: {stale}"
 
 
-def numeric_defaults() -> Iterator[tuple[str, float]]:
-    """(name, default) of each setting read with a number as its default, written in the call."""
+def defaults() -> Iterator[tuple[str, float | str]]:
+    """(name, default) of each setting whose default the call gives as a value: a number or a
+    choice, written there or as a constant of a module (`_control.CLOSE_ABOVE`)."""
     for path in python_files("clockq"):
         # `env_int(X, 0) if X is set else None`: the number is no default, unset is.
         when_set = {id(node.body) for node in ast.walk(parsed(path)) if isinstance(node, ast.IfExp)}
@@ -174,30 +175,71 @@ def numeric_defaults() -> Iterator[tuple[str, float]]:
             if id(node) in when_set or not isinstance(node, ast.Call) or len(node.args) < 2:
                 continue
             name, default = node.args[0], node.args[1]
-            if called(node) in {"env_int", "env_float"} and isinstance(name, ast.Constant):
+            if called(node) in {"env_int", "env_float", "env_choice"} and isinstance(name, ast.Constant):
                 try:
-                    yield str(name.value), _constant(default)
+                    yield str(name.value), value_of(default, parsed(path))
                 except ValueError:
-                    continue  # computed (a port found in var/, a policy constant): the prose says
+                    continue  # computed (a port found in var/): the prose says
 
 
-def _constant(node: ast.expr) -> float:
-    """A number written as a literal or as a product of literals (`20 * 1024`)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
-        return float(node.value)
+def value_of(node: ast.expr, module: ast.Module) -> float | str:
+    """A number or a string written as a literal, a product of literals (`20 * 1024`), or a
+    name bound to one at the top of `module` or of the module it imports it from."""
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float | str)
+        and not isinstance(node.value, bool)
+    ):
+        return float(node.value) if isinstance(node.value, int | float) else node.value
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-        return _constant(node.left) * _constant(node.right)
+        left, right = value_of(node.left, module), value_of(node.right, module)
+        if isinstance(left, float) and isinstance(right, float):
+            return left * right
+    if isinstance(node, ast.Name):
+        return _bound(module, node.id)
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        return _bound(_imported(module, node.value.id), node.attr)
     raise ValueError(ast.dump(node))
+
+
+def _bound(module: ast.Module, name: str) -> float | str:
+    for node in module.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return value_of(node.value, module)
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+            original = next(a.name for a in node.names if (a.asname or a.name) == name)
+            return _bound(_module_tree(f"{node.module}"), original)
+    raise ValueError(name)
+
+
+def _imported(module: ast.Module, alias: str) -> ast.Module:
+    """The module that `from package import module as alias` or `import module as alias` binds."""
+    for node in module.body:
+        for a in getattr(node, "names", []) if isinstance(node, ast.Import | ast.ImportFrom) else []:
+            if (a.asname or a.name) == alias:
+                return _module_tree(f"{node.module}.{a.name}" if isinstance(node, ast.ImportFrom) else a.name)
+    raise ValueError(alias)
+
+
+def _module_tree(dotted: str) -> ast.Module:
+    path = ROOT.joinpath(*dotted.split(".")).with_suffix(".py")
+    if not path.is_file():
+        raise ValueError(dotted)
+    return parsed(path)
 
 
 def test_each_settings_default_is_the_codes():
     rows, wrong = listed_in(OPERATOR), []
-    for name, default in numeric_defaults():
+    for name, default in defaults():
         if name not in rows or len(rows[name]) < 2:
             continue  # test_every_variable_the_code_reads_is_in_the_table_of_its_kind names it
-        written = {float(n.replace(",", "")) for n in re.findall(r"(?<![\w.])\d[\d,]*(?:\.\d+)?", rows[name][1])}
-        if default not in written:
-            wrong.append(f"{name}: the code's default is {default:g}, the table says {rows[name][1]!r}")
+        cell = rows[name][1]
+        if isinstance(default, str):
+            right = default.lower() in {code.lower() for code in re.findall(r"`([^`]+)`", cell)}
+        else:
+            right = default in {float(n.replace(",", "")) for n in re.findall(r"(?<![\w.])\d[\d,]*(?:\.\d+)?", cell)}
+        if not right:
+            wrong.append(f"{name}: the code's default is {default!r}, the table says {cell!r}")
     assert not wrong, "defaults the settings table gets wrong:\n" + "\n".join(wrong)
 
 
@@ -214,12 +256,13 @@ def test_a_section_ends_at_the_next_heading_of_its_level():
     assert [cells[0] for cells in table_rows(section(text, "Settings"))] == ["a", "`X`", "`Y`"]
 
 
-def test_a_default_is_read_from_a_literal_or_a_product_and_never_guessed():
-    call = ast.parse('env_int("CLOCKQ_X", 20 * 1024)\nenv_int("CLOCKQ_Y", port(VAR))').body
+def test_a_default_is_read_from_a_literal_a_product_or_a_constant_and_never_guessed():
+    module = ast.parse('from clockq.policy import control as _control\nBASE = 2\nEND = "x"\n')
+    calls = ["20 * 1024", "BASE * 3", "END", "_control.CLOSE_ABOVE", "port(VAR)", "UNBOUND"]
     values = []
-    for statement in call:
+    for call in calls:
         try:
-            values.append(_constant(statement.value.args[1]))  # type: ignore[attr-defined]
+            values.append(value_of(ast.parse(call, mode="eval").body, module))
         except ValueError:
             values.append(None)
-    assert values == [20480.0, None]
+    assert values == [20480.0, 6.0, "x", 0.85, None, None]
