@@ -12,8 +12,17 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.cache import cache
 
-from tests.harness import GpuWorkers, RedisServer, can_sandbox
+from tests import db_engine
+from tests.harness import ROOT, GpuWorkers, RedisServer, can_sandbox
 from tests.helpers import SHORT_LADDER, database_url
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests that CI's PostgreSQL pass runs (`-m db_engine`, tests/db_engine.py says which)."""
+    for item in items:
+        path = item.path.relative_to(ROOT).as_posix()
+        if db_engine.depends_on_the_engine(path, item.fixturenames, (m.name for m in item.iter_markers())):
+            item.add_marker(db_engine.MARKER)
 
 
 def pytest_unconfigure(config):
