@@ -8,21 +8,39 @@ one the pages name is read.
   docs/workloads.md; the command line's in docs/cli.md. Which kind a name is, is written down
   here (`KINDS`), explicitly: every name not there is an operator's setting.
 - Each `CLOCKQ_*` name the pages and the README give is read by the code, a benchmark or a
-  deploy file, or is a Django setting; each settings row's default is the code's, where the
-  code writes it as a number.
+  deploy file, or is a Django setting; so is each other setting or constant they give in capitals
+  (`CELERY_DB_REUSE_MAX`, `PREFETCH_WAIT_S`), or it is the code's own or the system's
+  (`O_NOFOLLOW`). Each settings row's default is the code's, where the code gives it as a value.
 """
 
 from __future__ import annotations
 
 import ast
+import errno
+import os
 import re
+import resource
+import signal
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 
 from django.conf import settings
 
-from tests.docs_pages import PAGES, PRODUCTION, ROOT, called, page_text, parsed, python_files, section, table_rows
+from tests.docs_pages import (
+    PAGES,
+    PRODUCTION,
+    ROOT,
+    called,
+    named_in_code,
+    page_text,
+    parsed,
+    python_files,
+    section,
+    strings_of_the_code,
+    table_rows,
+)
 
 CLOCKQ_NAME = re.compile(r"CLOCKQ_[A-Z0-9_]*[A-Z0-9]")
 # The helpers of clockq/env.py that read one variable, named by their first argument.
@@ -69,7 +87,12 @@ NOT_OURS = {
     # docs/deploy.md: what Kubernetes's service links would set for a Service named clockq-flower,
     # the reason every pod turns them off.
     "CLOCKQ_FLOWER_PORT",
+    # SQL's window function, in docs/benchmarks.md.
+    "ROW_NUMBER",
 }
+# Where the system's own constants are (`O_NOFOLLOW`, `RLIMIT_AS`, `SIGTERM`).
+SYSTEM = (os, resource, signal, errno, stat)
+CAPITALS = r"^([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)$"
 
 
 def variables_read(tree: ast.AST) -> set[str]:
@@ -132,6 +155,37 @@ def _named(name: str) -> bool:
     if name.endswith("_*"):
         return any(known.startswith(name[:-1]) for known in read_anywhere())
     return name in read_anywhere() or hasattr(settings, name) or name in NOT_OURS
+
+
+@cache
+def names_the_code_defines() -> frozenset[str]:
+    """Every name a module of the code or the benchmarks binds, at its top or in a class, with
+    a leading underscore dropped (`_PR_SET_PDEATHSIG`)."""
+    names: set[str] = set()
+    for path in python_files(*PRODUCTION, "bench"):
+        for node in ast.walk(parsed(path)):
+            if isinstance(node, ast.Assign):
+                names |= {t.id.lstrip("_") for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id.lstrip("_"))
+    return frozenset(names)
+
+
+def _exists(name: str) -> bool:
+    """A setting, a database's option (`CONN_MAX_AGE`), a name of the code's, a string it gives
+    (a Redis key, a task's name) or the system's."""
+    return (
+        _named(name)
+        or any(name in database for database in settings.DATABASES.values())
+        or name in names_the_code_defines()
+        or name in strings_of_the_code()
+        or any(hasattr(module, name) for module in SYSTEM)
+    )
+
+
+def test_every_setting_or_constant_the_pages_name_exists():
+    unknown = sorted({f"{page}: {name}" for page, name in named_in_code(CAPITALS) if not _exists(name)})
+    assert not unknown, "settings or constants the pages name that nothing has:\n" + "\n".join(unknown)
 
 
 def test_every_variable_the_code_reads_is_in_the_table_of_its_kind():
