@@ -63,7 +63,7 @@ def test_a_tiers_head_is_its_lowest_level_then_the_smaller_share_then_the_first_
     assert served.pk not in head_ids()
 
 
-def test_a_promoted_job_keeps_its_service_and_goes_behind_that_tiers_own_jobs_of_its_level(alice):
+def test_a_promoted_job_keeps_its_service_and_goes_by_its_age_among_that_tiers_jobs_of_its_level(alice):
     hp, sp = QueueTier.objects.get(code="HP"), QueueTier.objects.get(code="SP")
     long_served = rungs(SP)[2] + 5
     promoted = queued(alice, "SP", run_s=long_served, tier=hp, promoted_run_ms=int(long_served * 1000))
@@ -73,12 +73,13 @@ def test_a_promoted_job_keeps_its_service_and_goes_behind_that_tiers_own_jobs_of
     level = order.ladder().level(HP, long_served)
     assert level > 0
     assert (heads[HP].standing.level, heads[HP].standing.promoted) == (level, True)
-    # HP's own new work goes first; so does HP's own work of the same level
+    # HP's own new work goes first (a better level); of its own level it goes by its age, ahead
+    # of HP's newer jobs (issue 39 item 7: behind them all, a stream of HP work starved it)
     own_new = queued(alice, "HP")
     assert head_ids()[HP] == own_new.pk
     Job.objects.filter(pk=own_new.pk).update(state=JobState.RUNNING)
     own_same_level = queued(alice, "HP", run_s=long_served)
-    assert head_ids()[HP] == own_same_level.pk
+    assert head_ids()[HP] == promoted.pk
     Job.objects.filter(pk=own_same_level.pk).update(state=JobState.RUNNING)
     # ... and it goes ahead of SP's jobs of its level
     queued(alice, "SP", run_s=long_served)
