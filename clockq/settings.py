@@ -322,27 +322,11 @@ CELERY_BEAT_SCHEDULER = "control.beat:LockedDatabaseScheduler"
 # restarts does not send again what it sent in the last minutes. A few small UPDATEs a minute.
 CELERY_BEAT_SYNC_EVERY = 1
 
+# The control role's maintenance, which beat writes into its schedule at each start with these
+# periods (clockq/jobs/periodic.py, the one list of periodic tasks).
 RECONCILE_EVERY_S = env_int("CLOCKQ_RECONCILE_EVERY_S", 15, min_value=1)
 RETENTION_EVERY_S = env_int("CLOCKQ_RETENTION_EVERY_S", 3600, min_value=1)
 REAP_EVERY_S = env_int("CLOCKQ_REAP_EVERY_S", 10, min_value=1)
-# Named as clockq/jobs/periodic.py's are: beat writes both into the admin's Periodic tasks table.
-CELERY_BEAT_SCHEDULE = {
-    "clockq: delete old checkpoints": {
-        "task": "clockq.delete_old_checkpoints",
-        "schedule": float(RETENTION_EVERY_S),
-        "options": {"queue": CONTROL_QUEUE, "expires": RETENTION_EVERY_S},
-    },
-    "clockq: reconcile queued jobs": {
-        "task": "clockq.reconcile_queued_jobs",
-        "schedule": float(RECONCILE_EVERY_S),
-        "options": {"queue": CONTROL_QUEUE, "expires": RECONCILE_EVERY_S},
-    },
-    "clockq: reap expired leases": {
-        "task": "clockq.reap_expired_leases",
-        "schedule": float(REAP_EVERY_S),
-        "options": {"queue": CONTROL_QUEUE, "expires": REAP_EVERY_S},
-    },
-}
 # --- clockq ---------------------------------------------------------------------------------
 
 CLOCKQ_GPUS = parse_gpus(env_str("CLOCKQ_GPUS") or "auto")

@@ -4,7 +4,10 @@ schedule in the admin), run by one beat at a time (clockq/bus/beat_lock.py).
 Start as many beats as you like, on any hosts: one leads and sends the periodic tasks, the
 others wait, trying the lock every WAIT_TICK_S, and the first to get it after the leader dies
 takes over within one lease (CLOCKQ_BEAT_LOCK_S). A new leader reads the schedule afresh from
-the database, where the last leader kept it."""
+the database, where the last leader kept it.
+
+The schedule is clockq/jobs/periodic.py's, the one list of periodic tasks: at its start a beat
+writes the tasks it owns (`beat_schedule`), in place of Celery's own beat_schedule setting."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from django_celery_beat.schedulers import DatabaseScheduler
 
 from clockq.bus.beat_lock import BeatLock, holder_token, leader
 from clockq.bus.client import client
+from clockq.jobs import periodic
 
 log = logging.getLogger("clockq.beat")
 
@@ -27,6 +31,10 @@ class LockedDatabaseScheduler(DatabaseScheduler):
         self.lock = BeatLock(client(), self.lease_s, holder_token(settings.CLOCKQ_HOST))
         self.leads: bool | None = None  # None until the first tick
         super().__init__(*args, **kwargs)
+
+    def setup_schedule(self) -> None:
+        self.install_default_entries(self.schedule)
+        self.update_from_dict(periodic.beat_schedule())
 
     def tick(self, *args, **kwargs) -> float:
         if not self.lock.hold():

@@ -1,5 +1,5 @@
 """The control plane's Celery tasks, on the `control` queue, which the control worker consumes.
-Beat sends them (clockq/jobs/periodic.py and settings.CELERY_BEAT_SCHEDULE). Each one is thin:
+Beat sends them (clockq/jobs/periodic.py, the one list of periodic tasks). Each one is thin:
 it checks its arguments and calls into the core or control/."""
 
 from __future__ import annotations

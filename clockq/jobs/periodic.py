@@ -1,6 +1,17 @@
-"""The periodic tasks that the specification's service levels need, seeded into
-django-celery-beat's tables so that operators see and edit them in the admin (Periodic tasks).
-Beat's DatabaseScheduler notices an edit within a few seconds; no restart is needed."""
+"""Beat's one schedule: every periodic task clockq runs, in django-celery-beat's tables, where
+operators see and edit them in the admin (Periodic tasks). Beat's DatabaseScheduler notices an
+edit within a few seconds; no restart is needed.
+
+Each task is written into the tables in one of two ways:
+
+- most are created once, by a migration (`ensure_periodic_tasks`), and are the admin's to edit
+  from then on; a period that is a setting (CLOCKQ_LOAD_SAMPLE_EVERY_S, ...) is the one it is
+  created with;
+- the control role's maintenance (`written_by_beat`: the reconciler, the lease reaper, retention)
+  is written by beat at each start (`beat_schedule`, read by control/beat.py), with the period its
+  setting gives then (CLOCKQ_RECONCILE_EVERY_S, CLOCKQ_REAP_EVERY_S, CLOCKQ_RETENTION_EVERY_S): an
+  operator tunes those by environment, as every host's other settings.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +37,7 @@ class Periodic:
     kwargs: dict = field(default_factory=dict)
     description: str = ""
     queue: str = ""  # empty: settings.CONTROL_QUEUE
+    written_by_beat: bool = False  # True: beat writes it at each start (beat_schedule), not a migration
 
 
 PERIODIC_TASKS: tuple[Periodic, ...] = (
@@ -61,12 +73,33 @@ PERIODIC_TASKS: tuple[Periodic, ...] = (
 LOAD_SAMPLE = "clockq: load sample"
 FORECAST = "clockq: forecast"
 TRAIN_PREDICTOR = "clockq: train predictor"
+RECONCILE = "clockq: reconcile queued jobs"
+REAP = "clockq: reap expired leases"
+DELETE_OLD_CHECKPOINTS = "clockq: delete old checkpoints"
 
 
 def periodic_tasks() -> tuple[Periodic, ...]:
-    """PERIODIC_TASKS and those whose period is a setting, read now."""
+    """Every periodic task: PERIODIC_TASKS and those whose period is a setting, read now."""
     return (
         *PERIODIC_TASKS,
+        Periodic(
+            DELETE_OLD_CHECKPOINTS,
+            "clockq.delete_old_checkpoints",
+            settings.RETENTION_EVERY_S,
+            written_by_beat=True,
+        ),
+        Periodic(
+            RECONCILE,
+            "clockq.reconcile_queued_jobs",
+            settings.RECONCILE_EVERY_S,
+            written_by_beat=True,
+        ),
+        Periodic(
+            REAP,
+            "clockq.reap_expired_leases",
+            settings.REAP_EVERY_S,
+            written_by_beat=True,
+        ),
         Periodic(
             LOAD_SAMPLE,
             "clockq.load_sample",
@@ -96,9 +129,9 @@ def periodic_tasks() -> tuple[Periodic, ...]:
 
 
 def ensure_periodic_tasks(periodic_task_model, interval_model) -> None:
-    """Create the missing ones; an operator's edits to existing ones are kept."""
+    """Create the missing ones that beat does not write; an operator's edits to existing ones are kept."""
     for spec in periodic_tasks():
-        if periodic_task_model.objects.filter(name=spec.name).exists():
+        if spec.written_by_beat or periodic_task_model.objects.filter(name=spec.name).exists():
             continue
         interval, _ = interval_model.objects.get_or_create(every=spec.every_s, period="seconds")
         periodic_task_model.objects.create(
@@ -111,6 +144,23 @@ def ensure_periodic_tasks(periodic_task_model, interval_model) -> None:
             expire_seconds=spec.every_s,
             description=spec.description,
         )
+
+
+def beat_schedule() -> dict[str, dict]:
+    """The tasks beat writes at each start, as Celery's beat_schedule has them (the
+    DatabaseScheduler's `update_from_dict` writes each row, keeping whether it is enabled). They
+    carry no expiry: django-celery-beat reads one only as `expire_seconds`, so none was ever
+    written for them, and a reconcile or a reap that waited still has its work to do."""
+    return {
+        spec.name: {
+            "task": spec.task,
+            "schedule": float(spec.every_s),
+            "kwargs": spec.kwargs,
+            "options": {"queue": spec.queue or settings.CONTROL_QUEUE},
+        }
+        for spec in periodic_tasks()
+        if spec.written_by_beat
+    }
 
 
 def beat_last_run() -> datetime | None:
