@@ -43,8 +43,9 @@ def healthcheck_role(argv: list[str]) -> str:
 
 @cache
 def settings_read_from_files() -> frozenset[str]:
-    """The settings that clockq/settings.py reads with env_or_file: each also has a *_FILE form."""
-    source = (ROOT / "clockq" / "settings.py").read_text()
+    """The settings that clockq/settings.py reads (in its parts, clockq/config/) with env_or_file:
+    each also has a *_FILE form."""
+    source = "".join(path.read_text() for path in sorted((ROOT / "clockq" / "config").glob("*.py")))
     return frozenset(re.findall(r'env_or_file\("([A-Z_]+)"\)', source))
 
 
