@@ -74,11 +74,19 @@ prometheus:
 compose:
 	$(call apt_need,/usr/bin/docker-compose,docker-compose,the docker-compose check of compose/compose.yaml will be skipped)
 
-test: $(STAMP) browser sandbox prometheus compose
-	$(PY) -m pytest -m "not slow"
+# The suite in TEST_PROCESSES processes (pytest-xdist), a test file to each at a time, so that a
+# module's shared fixtures (the browser) start once: each process has its own Redis, database and
+# program uids (tests/conftest.py). TEST_PROCESSES=0 runs it in this one process.
+TEST_PROCESSES ?= 2
+PYTEST_PROCESSES = $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 
-test-all: $(STAMP) browser sandbox prometheus compose
-	$(PY) -m pytest
+test: $(STAMP) browser sandbox prometheus compose
+	$(PY) -m pytest -m "not slow" $(PYTEST_PROCESSES)
+
+# Then the slow ones (soak, load, many hosts, the long end-to-end runs), one at a time: they time
+# what they run, and the many-hosts test makes network namespaces.
+test-all: test
+	$(PY) -m pytest -m slow
 
 # The layer contracts (pyproject.toml, [tool.importlinter]), ruff, mypy on the core, the GPU
 # worker and the control plane, and the documentation site built with --strict (a broken link

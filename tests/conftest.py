@@ -58,6 +58,23 @@ def _point_at_private_redis(redis_server):
     yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _programs_run_as_uids_of_this_process():
+    """Under pytest-xdist (`make test` runs two test processes), each test process gives its jobs'
+    programs uids that no other one gives: a job's uid is CLOCKQ_COMMAND_UID_BASE plus its id, and
+    each process's database numbers its jobs from 1, so a test counting the processes of its job's
+    uid would count the other process's program too. The workers it starts inherit the base."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...; unset without xdist
+    if not worker.startswith("gw"):
+        yield
+        return
+    base = django_settings.CLOCKQ_COMMAND_UID_BASE + (int(worker[2:]) + 1) * 10_000_000
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(django_settings, "CLOCKQ_COMMAND_UID_BASE", base)
+        mp.setenv("CLOCKQ_COMMAND_UID_BASE", str(base))
+        yield
+
+
 @pytest.fixture
 def crossable_dir():
     """A temporary folder that other users can cross but not list (0711), like var/ under
