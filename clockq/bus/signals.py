@@ -6,7 +6,7 @@ loop checks the flags at every step (a few hundred nanoseconds):
 
 - `urgent <rank>`: a job of a tier that interrupts (`ordering.interrupts`: RT and HP) was
   dispatched. A running job that such a job could displace (`ordering.may_interrupt`) asks the
-  order at its next step whether it is the one to make way (`ordering.makes_way_for`), and
+  order at its next step whether it is the one to make way (`making_way.makes_way_for`), and
   leaves its GPU only if so: the policy, not the first worker to hear, names the victim.
 - `job <id>`: an operator changed a job (cancel, hold, requeue). The worker running it ends its
   slice at the next step and reads the job row.

@@ -31,9 +31,8 @@ from clockq.bus import free_gpus
 from clockq.jobs import hot_sql
 from clockq.jobs.hot_sql import column, table
 from clockq.jobs.models import Job, QueueTier, UserShare
-from clockq.policy import ordering
+from clockq.policy import making_way, ordering
 from clockq.policy.states import JobState
-from clockq.policy.tiers import TIER_BY_RANK
 
 # User shares count service as 2 ** (t / half-life) from this moment (`ordering.share_weight`),
 # so that a stored share never needs to decay. A float holds that for 1,000 half-lives, some 19
@@ -114,6 +113,9 @@ class MakeWay:
 
     mine: Waiting | None  # the waiting job this job leaves its GPU to now, or None: go on
     victim_id: int | None  # the running job that makes way for the first waiting job, if any
+    # The policy's decision, whole (clockq/policy/making_way.py): set when this job leaves its
+    # GPU now (`mine`), for the boundary to pass on as it is (`slicing.Boundary.making_way`).
+    decision: making_way.MakeWay | None = None
 
 
 def displacing(
@@ -125,7 +127,7 @@ def displacing(
     slice_s: float = 0.0,
 ) -> Waiting | None:
     """The waiting job that running job `job_id` should leave its GPU to now, or None
-    (`ordering.makes_way_for`). None too if the job is not running. See `make_way`."""
+    (`making_way.makes_way_for`). None too if the job is not running. See `make_way`."""
     return make_way(job_id, freed=freed, serving_ms=serving_ms, held_s=held_s, slice_s=slice_s).mine
 
 
@@ -138,7 +140,7 @@ def make_way(
     slice_s: float = 0.0,
     passed_over: Collection[int] = (),
 ) -> MakeWay:
-    """The order at running job `job_id`'s boundary (`ordering.victim_for`): whether it leaves
+    """The order at running job `job_id`'s boundary (`making_way.victim_for`): whether it leaves
     its GPU now, and which running job makes way for the first waiting job.
 
     - `serving_ms` is the service of the slice it is ending, which its row does not count yet:
@@ -163,7 +165,7 @@ def make_way(
     now_running[me] = dataclasses.replace(mine, standing=dataclasses.replace(mine.standing, level=level))
     free = len(free_gpus.free_of(freed, {r.worker for r in now_running}))
     waiting = heads()
-    found = ordering.victim_for(
+    found = making_way.victim_for(
         me,
         [r.standing for r in now_running],
         [r.switch_cost_s for r in now_running],
@@ -172,23 +174,19 @@ def make_way(
     )
     if found is None:
         return MakeWay(None, None)
-    best, victim = found
-    chosen = waiting[best]
+    chosen = waiting[found.waiting_index]
     assert chosen is not None
-    victim_id = now_running[victim].standing.job_id
-    if victim != me:
+    victim_id = found.victim.job_id
+    if found.victim_index != me:
         return MakeWay(None, victim_id)
-    if held_s is not None:
-        interrupt = ordering.interrupts(chosen.standing.rank)
-        if ordering.leaves_at(now=held_s, got_gpus_at=0.0, slice_s=slice_s, interrupt=interrupt) > held_s:
-            return MakeWay(None, victim_id)
-    return MakeWay(chosen, victim_id)
+    if held_s is not None and found.leaves_at(now=held_s, got_gpus_at=0.0, slice_s=slice_s) > held_s:
+        return MakeWay(None, victim_id)
+    return MakeWay(chosen, victim_id, found)
 
 
 def describe(w: Waiting) -> str:
-    s = w.standing
-    promoted = ", promoted" if s.promoted else ""
-    return f"job #{s.job_id} ({TIER_BY_RANK[s.rank].code}{promoted}, service level {s.level})"
+    """The waiting job in words, for a job's history (`making_way.describe`)."""
+    return making_way.describe(w.standing)
 
 
 def add_service(owner_id: int, tier_id: int, gpu_ms: float, at: dt.datetime) -> None:

@@ -35,7 +35,8 @@ its jobs in structures keyed by these functions' keys; the live system asks the 
   `slicing.plan_slice`, to keep its switch within the overhead budget); for the urgent tiers
   (RT and HP, `interrupts`) it leaves at once. For them the cheapest switch among the jobs they
   may displace goes first (their wait is the victim's checkpoint); for others the job furthest
-  back in the order, the cheapest first among equals (`victim_key`, `pick_victim`).
+  back in the order, the cheapest first among equals (`victim_key`, `pick_victim`). These are
+  composed once, in clockq/policy/making_way.py, which the live boundary and the replay both call.
 - **Backfill.** A job that needs more GPUs than are free (a gang) holds its place; jobs behind
   it may use the free GPUs meanwhile, and make way for it after a slice (`may_backfill`).
 - **Lower tiers' share.** While jobs of the best-effort tiers (BP, BK) wait and hold less than
@@ -46,6 +47,7 @@ its jobs in structures keyed by these functions' keys; the live system asks the 
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -180,6 +182,19 @@ def is_realtime(rank: int) -> bool:
     return rank in REALTIME_RANKS
 
 
+def may_displace_class(waiting: Standing, running_class: tuple[int, int]) -> bool:
+    """`may_displace` for every running job of a class (`job_class`: level, tier), which is all
+    it depends on: a victim structure that keeps its jobs by class skips the classes it may not
+    take from without looking at their jobs (clockq/replay/victims.py)."""
+    return _class_displaces(job_class(waiting), running_class)
+
+
+@functools.cache
+def _class_displaces(waiting_class: tuple[int, int], running_class: tuple[int, int]) -> bool:
+    (waiting_level, waiting_rank), (level, rank) = waiting_class, running_class
+    return may_displace(Standing(waiting_rank, waiting_level, 0.0, 0.0), Standing(rank, level, 0.0, 0.0))
+
+
 def interrupts(rank: int) -> bool:
     """Whether a waiting job of this tier makes its victim leave at once (`leaves_at`)."""
     return rank in INTERRUPTING_RANKS
@@ -188,7 +203,8 @@ def interrupts(rank: int) -> bool:
 def may_interrupt(rank: int, running: Standing) -> bool:
     """Whether a job of this tier arriving now could make `running` leave at once: its tier
     interrupts, and a new job of it (level 0, the tier's own) may displace `running`. Whether it
-    does is still `makes_way_for`'s to say, which knows the other running jobs and the free GPUs."""
+    does is still `making_way.makes_way_for`'s to say, which knows the other running jobs and
+    the free GPUs."""
     arrival = Standing(rank=rank, level=0, user_share_gpu_s=0.0, submitted=0.0)
     return interrupts(rank) and may_displace(arrival, running)
 
@@ -287,50 +303,3 @@ def share_weight(at_s: float, half_life_s: float = FAIR_SHARE_HALF_LIFE_S) -> fl
     the shares at every moment, and a share read at one time compares with one read later (a
     key stored in a queue does not go stale as time passes)."""
     return 2.0 ** (at_s / half_life_s)
-
-
-def victim_for(
-    me: int,
-    running: Sequence[Standing],
-    switch_cost_s: Sequence[float],
-    heads: Sequence[Standing | None],
-    *,
-    total_gpus: int,
-) -> tuple[int, int] | None:
-    """As `running[me]` sees it at its boundary: the waiting job that should have a GPU now and
-    the running job that makes way for it, as (index into `heads`, index into `running`), or
-    None. The job a free GPU would take (`pick_next`, with this GPU free) takes the GPU of the
-    victim `pick_victim` chooses for it among all running jobs. Nobody makes way while a GPU is
-    free (`total_gpus` more than the running jobs hold): the waiting job takes that one, as when
-    a victim has just left and its GPU is claiming."""
-    if total_gpus > sum(r.gpus for r in running):
-        return None
-    mine = running[me]
-    held = sum(r.gpus for r in running if in_lower_share(r.rank))
-    freed = held - (mine.gpus if in_lower_share(mine.rank) else 0)
-    best = pick_next(heads, held_by_lower=freed, total_gpus=total_gpus, free_gpus=mine.gpus)
-    if best is None:
-        return None
-    waiting = heads[best]
-    assert waiting is not None
-    by_cost = interrupts(waiting.rank)
-    walk = sorted(range(len(running)), key=lambda i: victim_key(running[i], switch_cost_s[i], by_cost=by_cost))
-    victim = pick_victim(waiting, (running[i] for i in walk), held_by_lower=held, total_gpus=total_gpus)
-    return None if victim is None else (best, walk[victim])
-
-
-def makes_way_for(
-    me: int,
-    running: Sequence[Standing],
-    switch_cost_s: Sequence[float],
-    heads: Sequence[Standing | None],
-    *,
-    total_gpus: int,
-) -> int | None:
-    """At a live slice boundary of `running[me]`: the index into `heads` of the waiting job it
-    leaves its GPU to, or None to go on: only if it is the victim `victim_for` names. Every GPU
-    asks at its own boundary, and only the chosen one makes way, as the simulator chooses one
-    victim. Another GPU's victim that is not at its boundary yet leaves at its own, which is at
-    most one planned slice away (`leaves_at`)."""
-    found = victim_for(me, running, switch_cost_s, heads, total_gpus=total_gpus)
-    return found[0] if found is not None and found[1] == me else None

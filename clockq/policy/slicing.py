@@ -5,6 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
+
+
+class MadeWayFor(Protocol):
+    """What a job leaves its GPU to at a boundary, as a structured decision: the order's
+    (`making_way.MakeWay`), or an RT lane's that needs the room. Words only for people."""
+
+    def describe(self) -> str: ...
 
 
 class SliceOutcome(StrEnum):
@@ -37,8 +45,12 @@ class Boundary:
     """What a worker knows at the end of a slice."""
 
     done: bool
-    # The waiting job this one leaves its GPU to now, as the order decides (clockq/policy/ordering.py,
-    # `makes_way_for` and `leaves_at`): its description, or None if none comes first.
+    # What this job leaves its GPU to now, as the order decides (clockq/policy/making_way.py:
+    # `make_way`'s `MakeWay`, which has `leaves_at`), or an RT lane that needs the room; None if
+    # nothing comes first. The decision whole: its words are made only for the reason.
+    making_way: MadeWayFor | None = None
+    # The same said in words, as callers passed it before `making_way` (kept while they move to
+    # it): used only when `making_way` is None.
     outranked_by: str | None = None
     pending_action: PendingAction = PendingAction.NONE
     past_deadline: bool = False
@@ -151,7 +163,8 @@ def _decide(b: Boundary) -> Decision:
         return Decision(BoundaryAction.YIELD, "requeued by an operator")
     if b.shutting_down:
         return Decision(BoundaryAction.YIELD, "worker shutting down")
-    if b.outranked_by:
-        made_way = f"made way for {b.outranked_by}, which comes first in the order"
+    if b.making_way is not None or b.outranked_by:
+        whom = b.making_way.describe() if b.making_way is not None else b.outranked_by
+        made_way = f"made way for {whom}, which comes first in the order"
         return Decision(BoundaryAction.YIELD, f"{PREEMPTED}: {made_way}" if b.cut_short else made_way)
     return Decision(BoundaryAction.CONTINUE, "nothing waiting that comes first in the order")

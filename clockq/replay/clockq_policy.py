@@ -8,14 +8,15 @@ the structures that make those decisions fast on 100,000 jobs.
 - **Running.** A job runs until it finishes, crosses a rung of its tier's service ladder (its
   level drops: an event here, a boundary live), or is displaced. Nothing takes turns: the order
   changes only at rungs, arrivals and promotions, so there is no quantum to choose.
-- **Making way** (`ordering.pick_victim`, fed from heaps in `ordering.victim_key` order). When
-  the job a free GPU would take next does not fit, the victim the policy names leaves when
-  `ordering.leaves_at` says: once it has had its planned slice, or at once for RT and HP.
+- **Making way** (`making_way.make_way`, the live boundary's composition, fed from heaps in
+  `ordering.victim_key` order). When the job a free GPU would take next does not fit, the
+  victim the policy names leaves when its decision says (`MakeWay.leaves_at`): once it has had
+  its planned slice, or at once for RT and HP.
 - **Backfill** (`ordering.may_backfill`). Behind a gang that does not fit, jobs that would make
   way for it use the free GPUs.
 - **Starvation control** (`promotion`). The promotion tick and batch chances run on beat's
   schedule. A promoted job keeps its promotion until it has had the promoted tier's first rung
-  of service (`Ladder.promotion_service`), then goes home.
+  of service (`Ladder.promotion_over`, which the live worker asks too), then goes home.
 - **Slices** (`slicing.plan_slice`) give the planned slice a victim finishes first.
 """
 
@@ -24,12 +25,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from clockq.policy import control, ordering, promotion, slicing
+from clockq.policy import control, making_way, ordering, promotion, slicing
 from clockq.replay.config import Config
 from clockq.replay.engine import EPS, Ev, Replay, SimJob, St, next_grid
 from clockq.replay.model import Trace
 from clockq.replay.tier_queue import TierQueue
-from clockq.replay.victims import Victims
+from clockq.replay.victims import Victims, Walk
 
 _PROMOTION_TICK = 1
 _BATCH_CHANCE = 2
@@ -239,7 +240,9 @@ class ClockqReplay(Replay):
         if job.idx in self.yielding:  # it was told to make way: its slice is over
             self.leave_gpus(job, cost_s=job.switch_s)
             return
-        if job.rank != job.home_rank and self._promoted_service(job) >= self.ladder.promotion_service(job.rank) - EPS:
+        if job.rank != job.home_rank and self.ladder.promotion_over(
+            job.rank, self._promoted_service(job), tolerance_gpu_s=EPS
+        ):
             job.rank, job.level_from = job.home_rank, 0.0  # a fair amount of service had: home
         self._plan(job)
         self._as_victim(job)
@@ -258,24 +261,16 @@ class ClockqReplay(Replay):
                 self._making = False
 
     def _make_way(self) -> None:
-        """While the job a free GPU would take next does not fit, displace running jobs that it
-        comes before, as the policy chooses them; each leaves when `ordering.leaves_at` says."""
+        """While the job a free GPU would take next does not fit, the running job the policy
+        names makes way for it (`making_way.make_way`, fed from the heaps of clockq/replay/
+        victims.py), and leaves when the decision says (`MakeWay.leaves_at`)."""
         while (waiting := self.head()) is not None:
-            coming = self.free + self.freeing
-            if not ordering.interrupts(waiting.rank):  # an urgent job interrupts another instead
-                coming += self.making_way
-            if waiting.t.num_gpu <= coming:
+            found = self._decide(waiting.standing)
+            if found is None:
                 return
-            victim = self._victim_for(waiting.standing)
-            if victim is None:
-                return
+            victim, decision = found
             self.gathering_for = waiting.idx
-            at = ordering.leaves_at(
-                now=self.now,
-                got_gpus_at=victim.got_gpus_at,
-                slice_s=victim.slice_s,
-                interrupt=ordering.interrupts(waiting.rank),
-            )
+            at = decision.leaves_at(now=self.now, got_gpus_at=victim.got_gpus_at, slice_s=victim.slice_s)
             if at <= self.now:
                 self.account(victim)
                 if victim.remaining <= EPS:
@@ -290,6 +285,30 @@ class ClockqReplay(Replay):
                 victim.vseq += 1
                 self.account(victim)
                 self.schedule(self.now + min(at - self.now, victim.remaining), Ev.BOUNDARY, victim)
+
+    def _decide(self, waiting: ordering.Standing) -> tuple[SimJob, making_way.MakeWay] | None:
+        """The policy's decision for the head (`making_way.make_way`), on the replay's state:
+        the GPUs free, switching (`freeing`) and told to make way; the share's GPUs less those
+        leaving. The victims' heaps feed it candidates; the one it names is taken out of them."""
+        walks: list[Walk] = []
+
+        def candidates(by_cost: bool) -> Walk:
+            walks.append(self.victims.walk(waiting, by_cost))
+            return walks[-1]
+
+        decision = making_way.make_way(
+            waiting,
+            candidates,
+            free_gpus=self.free,
+            freeing_gpus=self.freeing,
+            yielding_gpus=self.making_way,
+            held_by_lower=self.held_by_lower - self._lower_leaving,
+            total_gpus=self.cfg.gpus,
+        )
+        idx = walks[0].finish(decision) if walks else None
+        if decision is None or idx is None:
+            return None
+        return self.jobs[idx], decision
 
     def _backfill(self) -> None:
         """The head does not fit (a gang): jobs behind it that `ordering.may_backfill` lets in
@@ -322,13 +341,6 @@ class ClockqReplay(Replay):
             queue.take_front(BACKFILL_DEPTH, started)
         if state == (self._queue_changes, self.free, self.held_by_lower):
             self._backfill_found_nothing = state
-
-    def _victim_for(self, waiting: ordering.Standing) -> SimJob | None:
-        """The running job `ordering.pick_victim` names (clockq/replay/victims.py feeds it)."""
-        idx = self.victims.pick(
-            waiting, held_by_lower=self.held_by_lower - self._lower_leaving, total_gpus=self.cfg.gpus
-        )
-        return None if idx is None else self.jobs[idx]
 
     # --- beat's periodic tasks ----------------------------------------------------------------
 

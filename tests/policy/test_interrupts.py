@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from clockq.policy import ordering
-from clockq.policy.ordering import Standing, leaves_at, makes_way_for, may_interrupt
+from clockq.policy.making_way import makes_way_for
+from clockq.policy.ordering import Standing, leaves_at, may_interrupt
 
 RT, HP, SP, BP, BK = range(5)
 

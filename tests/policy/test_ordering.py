@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from clockq.policy import ordering
+from clockq.policy import making_way, ordering
 from clockq.policy.ordering import (
     DEFAULT_LADDER,
     Ladder,
@@ -342,7 +342,7 @@ def test_the_share_is_whole_gpus_and_none_on_a_small_cluster():
 def boundary(me, running, heads, costs=None, total=None):
     costs = costs if costs is not None else [0.01] * len(running)
     total = total if total is not None else len(running)  # every GPU busy
-    return ordering.makes_way_for(me, running, costs, heads, total_gpus=total)
+    return making_way.makes_way_for(me, running, costs, heads, total_gpus=total)
 
 
 def test_a_job_goes_on_when_nothing_waiting_comes_first():

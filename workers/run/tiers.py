@@ -1,8 +1,8 @@
 """Which tier a running job belongs to: the one it runs in now, and its own.
 
 A promoted job is scheduled in the higher tier until it has had a fair amount of service there
-(`Ladder.promotion_service`: the first rung of that tier's ladder), then returns to its own
-(home) tier; the next write of the job says so, and its history with it.
+(`Ladder.promotion_over`: the first rung of that tier's ladder, the rule the replay asks too),
+then returns to its own (home) tier; the next write of the job says so, and its history with it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class RunTiers:
         if not self.promoted:
             return
         self.served_ms += used_ms
-        if self.served_ms >= ladder.promotion_service(self.current.rank) * 1000:
+        if ladder.promotion_over(self.current.rank, self.served_ms / 1000):
             self.return_home()
 
     def return_home(self) -> None:
