@@ -137,7 +137,7 @@ class SimGpu:
         """A slice that ends one `slice_s` after the GPU's last boundary: each GPU has a boundary
         every `slice_s`, a switch's time included, unless a switch took longer than that."""
         assert self.run is not None
-        record = self.run.steps.plan()
+        record = self.run.steps.plan(self.run.state.util_ewma)
         self.run.boundary.new_slice(record.plan.ms)  # as StepLoop.run_slice does
         self.record, self.slice_began = record, time.perf_counter()
         now, slice_s = time.time(), self.fleet.spec.slice_s
@@ -155,7 +155,7 @@ class SimGpu:
         record.compute_end, record.used_ms, record.steps = ended, (ended - self.slice_began) * 1000, 1
         self.runtime.publisher.maybe_publish(self.runtime.probe.sample(include_slow=False))
         try:
-            decision = run.boundary.decide(False, False, record.used_ms)
+            decision = run.boundary.decide(False, False, record.used_ms).decision
         except LostOwnership:
             samples.count("lost ownership", time.time())
             self._leave()

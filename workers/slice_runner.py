@@ -4,7 +4,9 @@ At each slice boundary the job finishes, continues (nothing to make way for), or
 and goes back to the tail of its tier's queue. Every database write is a compare-and-set on
 (state, dispatch token), so a stale or duplicate message can never run a job twice.
 
-This module is the sequence; each step is a part in workers/run/ that does one thing.
+This module is the sequence; each step is a part in workers/run/ that does one thing. What the
+claim knows as it runs is its run state (workers/run/state.py), which JobRun alone writes: a part
+is given what it reads, and returns what changed (the slice's record, the boundary's `Decided`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from clockq.bus import signals
+from clockq.jobs import order
 from clockq.jobs.checkpoints import RestoreAbandoned, StorageError
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import ResultError
@@ -36,6 +39,7 @@ from workers.run.pause import wait_while_lent
 from workers.run.restore import Restore, close_workload
 from workers.run.result_writer import ResultWriter, succeeded_fields
 from workers.run.slice_writes import SliceWrites
+from workers.run.state import RunState
 from workers.run.steps import SliceRecord, StepLoop
 from workers.run.tiers import RunTiers
 from workers.runtime import Runtime
@@ -97,10 +101,10 @@ def _hand_over(run: JobRun, outcome: RunOutcome, runtime: Runtime) -> ClaimedJob
     the GPU's lane has it for an RT job (`wait_while_lent`, as before a claim from a message)."""
     if outcome not in _FREES_GPU or runtime.shutting_down() or runtime.drain.drained():
         return None
-    wait_while_lent(runtime, left_for_lane=run.boundary.left_for_lane)
-    to = run.boundary.made_way_to
+    wait_while_lent(runtime, left_for_lane=run.state.left_for_lane)
+    to = run.state.made_way_to
     if outcome == RunOutcome.YIELDED and to is not None and to.standing.rank == run.tiers.current.rank:
-        # `to` is the order's choice for this GPU, freed (`ordering.victim_for` picks it as
+        # `to` is the order's choice for this GPU, freed (`making_way.victim_for` picks it as
         # `pick_next` would for a free GPU), read at this boundary a moment ago: the claim's CAS
         # guards the rest, so the order is not read again (3.7 of a 7.5 ms switch, measured by
         # bench/switch_cost.py's probe).
@@ -120,14 +124,15 @@ class JobRun:
         self.job_id = job.id
         self.runtime = runtime
         self.token = job.dispatch_token
+        self.state = RunState.of(job)  # this claim's own: written here only
         self.tiers = RunTiers.of(job, runtime.tiers)
         self.checkpoints = Checkpointer(job, runtime)
-        self.boundary = SliceBoundary(job, runtime, tiers=self.tiers, checkpoints=self.checkpoints)
+        self.boundary = SliceBoundary(job, runtime, tiers=self.tiers, checkpoints=self.checkpoints, state=self.state)
         self.metrics = MetricsRecorder(job.id)
         self.steps = StepLoop(job, runtime, tiers=self.tiers, boundary=self.boundary, metrics=self.metrics)
         self.results = ResultWriter(job.id, runtime)
         self.writes = SliceWrites(
-            job, runtime, tiers=self.tiers, checkpoints=self.checkpoints, steps=self.steps, metrics=self.metrics
+            job, runtime, tiers=self.tiers, checkpoints=self.checkpoints, state=self.state, metrics=self.metrics
         )
         self.restore = Restore(
             job,
@@ -140,15 +145,11 @@ class JobRun:
         self.failures = SliceFailures(
             job.id, runtime, checkpoints=self.checkpoints, writes=self.writes, roll_back=self._roll_back
         )
-        # What this claim's restore adds to the job's switch cost: the restore of a checkpoint,
-        # not a first start's setup (framework import, model build), which no switch repeats.
-        self.restore_ms = 0.0
-        self.finish_pending = False  # done, but its result waits for room on the storage
 
     def run(self) -> RunOutcome:
         """Restore the workload, then slice after slice: step it, and decide at the boundary."""
         self.runtime.leases.hold(self.job_id, self.token)
-        record = self.steps.plan()
+        record = self.steps.plan(self.state.util_ewma)
         if self.job.storage_faults >= settings.CLOCKQ_JOB_STORAGE_FAULTS:
             # Counted in the background (a persist after it left a GPU): it fails here, unrun.
             return self.failures.fail_at_once(StorageFollowsJob(self.job.storage_faults), record)
@@ -168,18 +169,18 @@ class JobRun:
                 record.restore_ms = (time.perf_counter() - t0) * 1000
                 return self._make_way_during_restore(record, str(exc))
             record.restore_ms = (time.perf_counter() - t0) * 1000
-            self.restore_ms = record.restore_ms if self.job.checkpoint_files else 0.0
+            self.state.restore_ms = record.restore_ms if self.job.checkpoint_files else 0.0
             self.checkpoints.reserve_memory()
             self.runtime.probe_load(workload)
             self.runtime.note_switch_in(time.perf_counter(), record.restore_ms)
             while True:
-                done = self.finish_pending or self.steps.run_slice(workload, record)
+                done = self.state.finish_pending or self._run_slice(workload, record)
                 outcome = self._at_boundary(workload, record, done)
                 if outcome is not None:
                     # Not kept warm where it left to give an RT job its memory: the warm copy would keep it.
-                    keep_warm = outcome == RunOutcome.YIELDED and not self.boundary.left_for_lane
+                    keep_warm = outcome == RunOutcome.YIELDED and not self.state.left_for_lane
                     return outcome
-                record = self.steps.plan()
+                record = self.steps.plan(self.state.util_ewma)
         except LostOwnership as exc:
             log.info("job %s: stopping, %s", self.job_id, exc)
             return RunOutcome.LOST_OWNERSHIP
@@ -204,13 +205,26 @@ class JobRun:
                     self.runtime.warm.drop(self.job_id)
                     close_workload(workload, self.job_id)
 
+    def _run_slice(self, workload: Workload, record: SliceRecord) -> bool:
+        """The slice's steps (whether the job is done), and what they did folded into the run
+        state, a failed slice's too: its failure's writes read it."""
+        try:
+            return self.steps.run_slice(workload, record)
+        finally:
+            if record.progress is not None:
+                self.state.progress = record.progress
+            if record.gpu_util is not None:
+                self.state.util_ewma = ewma(self.state.util_ewma, record.gpu_util)
+            if record.lane_leave is not None:
+                self.state.left_for_lane = True  # its GPU memory is the RT job's
+
     def _make_way_during_restore(self, record: SliceRecord, when: str) -> RunOutcome:
         """Give the GPU to an urgent job before the restore is done. The job goes back to its
         queue as it was: nothing ran, so there is nothing to checkpoint, and the checkpoint it was
         restoring from is still the one the database names (the next claim waits for it, or
         takes it warm from the worker that wrote it)."""
-        looked, self.boundary.looked = self.boundary.looked, None
-        urgent = looked.outranked_by if looked is not None else "an urgent job"
+        made_way_to = self.boundary.made_way_during_restore()
+        urgent = order.describe(made_way_to) if made_way_to is not None else "an urgent job"
         record.cut_short = record.preempted = True
         self.runtime.leave_gpu()
         self.writes.end(
@@ -224,17 +238,19 @@ class JobRun:
 
     def _at_boundary(self, workload: Workload, record: SliceRecord, done: bool) -> RunOutcome | None:
         """Finish, continue (None) or leave the GPU, as the policy decides."""
-        decision = self.boundary.decide(done, record.cut_short, record.used_ms)
-        action = decision.action
+        decided = self.boundary.decide(done, record.cut_short, record.used_ms, lane_leave=record.lane_leave)
+        self.state.run_ms += record.used_ms
+        self.state.made_way_to = decided.made_way_to
+        decision, action = decided.decision, decided.decision.action
         if action == BoundaryAction.FINISH:
             try:
                 result = self.results.store(workload)  # durably, before the job counts as succeeded
             except StorageError as exc:
                 if self.runtime.shutting_down():
                     raise  # a stopping worker cannot wait: back to the queue, uncharged
-                self._wait_for_room_to_finish(workload, record, exc)
+                self._wait_for_room_to_finish(workload, record, exc, decided.marked)
                 return None
-            self.finish_pending = False
+            self.state.finish_pending = False
             self.writes.end(
                 record,
                 SliceOutcome.COMPLETED,
@@ -244,18 +260,20 @@ class JobRun:
             )
             return RunOutcome.SUCCEEDED
         if action == BoundaryAction.CONTINUE:
-            self._continue(workload, record)
+            self._continue(workload, record, decided.marked)
             return None
         target, outcome = _LEAVE_GPU[action]
         parked = target == JobState.QUEUED  # its workload waits in the warm cache
-        record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(workload, park=parked)
+        record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(
+            workload, park=parked, marked_ahead=decided.marked
+        )
         record.checkpoint_generation = self.checkpoints.generation
         # This job's switch cost, so the planner keeps its switching within the overhead budget:
         # its own checkpoint and restore, plus this worker's measured requeue-hop-claim overhead.
         # Until that is measured it is left out, not guessed: a worker's first claims pay its
         # warm-up (connections, imports), so a guess from them would be too high, and would
         # stretch this job's slices for many switches after the warm-up is over.
-        cost = record.checkpoint_ms + self.restore_ms + (self.runtime.switch_overhead_ms or 0.0)
+        cost = record.checkpoint_ms + self.state.restore_ms + (self.runtime.switch_overhead_ms or 0.0)
         extra: dict[str, Any] = {"switch_cost_ms": ewma(self.job.switch_cost_ms, cost)}
         if target == JobState.TIMED_OUT:
             extra["finished_at"] = timezone.now()
@@ -268,24 +286,27 @@ class JobRun:
         self.checkpoints.persist()
         return outcome
 
-    def _wait_for_room_to_finish(self, workload: Workload, record: SliceRecord, exc: StorageError) -> None:
+    def _wait_for_room_to_finish(
+        self, workload: Workload, record: SliceRecord, exc: StorageError, marked: tuple[str, float] | None
+    ) -> None:
         """The job is done but its result cannot be stored (the checkpoint storage fails): it
         keeps its GPU, and its work, and tries again a moment later, holding its lease, rather
         than go back to its queue and do the work since its last checkpoint again."""
         self.results.wait_for_room(exc)
-        self._continue(workload, record)  # renews the lease, records the wait as a slice
-        self.finish_pending = True
+        self._continue(workload, record, marked)  # renews the lease, records the wait as a slice
+        self.state.finish_pending = True
 
-    def _continue(self, workload: Workload, record: SliceRecord) -> None:
-        """Another slice on this GPU, with a periodic checkpoint when one is due."""
+    def _continue(self, workload: Workload, record: SliceRecord, marked: tuple[str, float] | None) -> None:
+        """Another slice on this GPU, with a periodic checkpoint when one is due (`marked`: its
+        persist mark, if the boundary's read set it ahead)."""
         checkpointed = self.checkpoints.due()
         if checkpointed:
-            record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(workload)
+            record.checkpoint_bytes, record.checkpoint_ms = self.checkpoints.take(workload, marked_ahead=marked)
             record.checkpoint_generation = self.checkpoints.generation
         self.writes.continued(record, checkpointed=checkpointed)
         if checkpointed:
             self.checkpoints.persist()
-            self.checkpoints.keep(self.steps.progress)
+            self.checkpoints.keep(self.state.progress)
 
     def _roll_back(self) -> None:
         """Forget the slice's own work: back to the last checkpoint the database knows. A
@@ -293,4 +314,4 @@ class JobRun:
         self.tiers.return_home()
         self.metrics.forget()  # its metric points go with its work
         # Back to the files the database names; the generation number stays, never reused.
-        self.steps.progress = self.checkpoints.roll_back()
+        self.state.progress = self.checkpoints.roll_back()

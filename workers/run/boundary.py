@@ -9,7 +9,12 @@ change signalled after it (an urgent job, an operator's hold) still counts.
 An urgent job (a tier that interrupts: RT, HP) is announced to every busy GPU. One whose job it
 could displace looks at its next step (`interrupted`): the same read and the same question, so
 the policy's victim leaves (for RT the cheapest switch), and every other GPU goes on within the
-same slice, having written nothing.
+same slice, having written nothing. Where the claim stands in those looks is `looks`, a state
+machine with named states and moves (workers/run/looking.py).
+
+The order's answer travels as it is (`order.Waiting`, the job this one makes way for); it is said
+in words (`order.describe`) only where a person reads it: the decision's reason, which the job's
+history records.
 """
 
 from __future__ import annotations
@@ -27,27 +32,23 @@ from django.db import connection as db_connection
 from django.utils import timezone
 from redis import RedisError
 
-from clockq.bus import free_gpus, queues
+from clockq.bus import queues
 from clockq.bus.queues import BrokerView
 from clockq.jobs import hot_sql, order
 from clockq.jobs.models import Job
 from clockq.policy import ordering
 from clockq.policy.lanes import lanes_take_urgent
-from clockq.policy.slicing import Boundary, BoundaryAction, Decision, PendingAction, decide_at_boundary, ewma
+from clockq.policy.slicing import Boundary, BoundaryAction, PendingAction, decide_at_boundary, ewma
 from clockq.policy.states import JobState
 from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob
 from workers.run.errors import LostOwnership
+from workers.run.looking import UNRESPONSIVE_S, Looking, UrgentLooks
+from workers.run.state import Decided, RunState
 from workers.run.tiers import RunTiers
 from workers.runtime import Runtime
 
 log = logging.getLogger("clockq.slices")
-
-# A job named to make way for an urgent job leaves at its next step, a few to a few hundred ms
-# away. One that has not after this long is passed over (`SliceBoundary._look`): an RT job's
-# start timeout is 1 s, and a dead worker's job stays running until the reaper takes it back.
-UNRESPONSIVE_S = 0.25
-MAX_PASSED_OVER = 2
 
 
 @dataclass(frozen=True)
@@ -55,14 +56,12 @@ class BoundaryRead:
     waiting: list[int]  # dispatch messages in the broker per tier rank, most urgent first
     row: dict[str, Any] | None  # the job's state, dispatch_token, pending_action and tier_id
     # The waiting job this one leaves its GPU to (clockq/jobs/order.py), read from the database
-    # when the broker says someone waits: its description, or None.
-    outranked_by: str | None = None
+    # when the broker says someone waits, or None. Also what a hand-over takes (`claim.take_handed_over`).
+    mine: order.Waiting | None = None
     # The next checkpoint's persist mark, set ahead when the read foresaw a yield: (name, when).
     marked: tuple[str, float] | None = None
     # This GPU was marked free ahead, with the read that foresaw the yield (clockq/bus/free_gpus.py).
     freed_ahead: bool = False
-    # The waiting job itself (`outranked_by` describes it), for a hand-over (`claim.take_handed_over`).
-    mine: order.Waiting | None = None
 
 
 # How long a boundary waits for its read made during the last step to finish, before it reads
@@ -81,28 +80,21 @@ def prefetch_lead_s(step_s: float, read_s: float, budget_s: float) -> float:
 class SliceBoundary:
     """Where one claim of a job asks the policy whether to finish, continue or leave the GPU."""
 
-    def __init__(self, job: ClaimedJob, runtime: Runtime, *, tiers: RunTiers, checkpoints: Checkpointer):
+    def __init__(
+        self, job: ClaimedJob, runtime: Runtime, *, tiers: RunTiers, checkpoints: Checkpointer, state: RunState
+    ):
         self.job = job
         self.job_id = job.id
         self.token = job.dispatch_token
         self.runtime = runtime
         self.tiers = tiers
         self.checkpoints = checkpoints
+        self.state = state  # read here (its service, its claim's time); JobRun writes it
         self.prefetch: Future[BoundaryRead] | None = None  # the boundary's read, made during the last step
         self.slice_ms = 0.0  # the service this slice adds, as the order judges it
         self.planned_s = math.inf  # the planned slice; none yet during the restore
-        self.claimed_at = time.monotonic()  # when the job got this GPU
-        self.run_ms = float(job.run_ms)  # its service, this claim's slices included
-        self.looked: BoundaryRead | None = None  # an urgent job's look that named a job to make way for
-        self.relook_at: float | None = None  # (monotonic) when to look once more (`_look`)
-        # Another GPU's job that a look named to make way, and when (monotonic); the jobs that
-        # were named and did not make way in time, passed over since (`_look`).
-        self.awaited: tuple[int, float] | None = None
-        self.passed_over: set[int] = set()
-        # The waiting job the last decision left the GPU to, for the order: what a hand-over takes.
-        self.made_way_to: order.Waiting | None = None
-        self.lane_leave: str | None = None  # an RT job in the GPU's lane this job leaves for (`make_way_for_lane`)
-        self.left_for_lane = False  # and it did, in this run: its GPU memory is the RT job's
+        self.looks = UrgentLooks()  # where the claim stands in its looks for urgent jobs
+        self._named: BoundaryRead | None = None  # MAKING_WAY: the read of the look that named this job
         # A GPU's RT lane runs RT jobs only, beside the GPU's own job: no job of the order takes
         # its place (and RT never displaces RT), so its jobs make way for no one.
         self.in_lane = runtime.identity.lane_of is not None
@@ -130,9 +122,9 @@ class SliceBoundary:
             return False
         relook = False
         if rank is None:
-            if self.relook_at is None or time.monotonic() < self.relook_at:
+            if not self.looks.relook_due(time.monotonic()):
                 return False
-            self.relook_at, relook = None, True
+            self.looks, relook = self.looks.relooking(), True
         elif not ordering.may_interrupt(rank, self._standing(serving_ms)):
             return False
         return self._look(serving_ms, relook=relook)
@@ -143,35 +135,36 @@ class SliceBoundary:
         the restore and one step. The same look as at a step (`interrupted`)."""
         return self.interrupted(serving_ms=0.0)
 
-    def make_way_for_lane(self, why: str) -> None:
-        """The slice ended at a step because an RT job in this GPU's lane needs the room
-        (workers/rt_lane.py): the boundary makes way for it through the checkpoint path."""
-        self.lane_leave = why
-        self.left_for_lane = True
+    def made_way_during_restore(self) -> order.Waiting | None:
+        """The restore gave the GPU up, because a look named this job (MAKING_WAY): the job it
+        made way for, if the look said."""
+        read, self._named = self._named, None
+        self.looks = self.looks.made_way()
+        return read.mine if read is not None else None
 
-    def decide(self, done: bool, cut_short: bool, used_ms: float) -> Decision:
-        """The policy's decision at this boundary, after a slice that ran `used_ms`.
-        LostOwnership if the job is no longer ours."""
+    def decide(self, done: bool, cut_short: bool, used_ms: float, *, lane_leave: str | None = None) -> Decided:
+        """The policy's decision at this boundary, after a slice that ran `used_ms`, and what it
+        changed. `lane_leave`: the slice ended at a step because an RT job in this GPU's lane
+        needs the room (workers/run/pause.py), said as the job's history says it: the job makes
+        way for it through the checkpoint path. LostOwnership if the job is no longer ours."""
         self.slice_ms = used_ms
-        read, self.looked = self.looked, None
+        read, self._named = self._named, None  # MAKING_WAY: decided from the look that named this job
+        self.looks = self.looks.made_way()
         if read is None and not (done or cut_short):
             read = self._prefetched()
         if read is None:
             read = self._read_boundary(done, cut_short)
-        if self.lane_leave is not None:
-            read, self.lane_leave = replace(read, outranked_by=read.outranked_by or self.lane_leave), None
-        self.checkpoints.marked_ahead = read.marked
         row = read.row
         if row is None or row["state"] != JobState.RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
         self.runtime.interrupts.clear(self.job_id)
         if row["tier_id"] != self.tiers.current.id:  # moved by an operator while running
             self.tiers.current = self.runtime.tiers.get(row["tier_id"])
-        self.run_ms += used_ms
         self.tiers.serve(used_ms, order.ladder())  # a promoted job served enough goes home
         boundary = Boundary(
             done=done,
-            outranked_by=read.outranked_by,
+            # In words for the decision's reason, which the job's history records.
+            outranked_by=order.describe(read.mine) if read.mine is not None else lane_leave,
             pending_action=PendingAction(row["pending_action"]),
             past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
             shutting_down=self.runtime.shutting_down(),
@@ -180,10 +173,10 @@ class SliceBoundary:
         )
         decision = decide_at_boundary(boundary)
         for_the_order = boundary.pending_action == PendingAction.NONE and not boundary.shutting_down
-        self.made_way_to = read.mine if decision.action == BoundaryAction.YIELD and for_the_order else None
+        made_way_to = read.mine if decision.action == BoundaryAction.YIELD and for_the_order else None
         if decision.action != BoundaryAction.CONTINUE and not read.freed_ahead:
             self.runtime.leave_gpu()  # before the write that frees it: see clockq/bus/free_gpus.py
-        return decision
+        return Decided(decision, made_way_to=made_way_to, marked=read.marked)
 
     def _look(self, serving_ms: float, *, relook: bool) -> bool:
         """An urgent job was announced: is this the GPU it takes? The cheap first look is the
@@ -197,23 +190,24 @@ class SliceBoundary:
         anyway); the one that makes way reads its row too. A GPU looks once more, at most twice
         per announcement:
 
-        - when the look went on while a GPU counted as free (clockq/bus/free_gpus.py), once that
-          GPU no longer counts, so that a worker that died just after it left a job holds an
-          urgent job back by at most FREE_S;
-        - when the look named another GPU's job to make way, UNRESPONSIVE_S later: if the urgent
-          job still waits and that job is still named, its worker died or hangs in a long step
-          (a dead worker's job stays running until the reaper takes it back, 20 s later), and it
-          is passed over, so that the next victim makes way. Up to MAX_PASSED_OVER jobs are."""
+        - AWAITING_FREE_GPU: the look went on while a GPU counted as free, once that GPU no
+          longer counts;
+        - AWAITING_VICTIM: the look named another GPU's job to make way, UNRESPONSIVE_S later:
+          if the urgent job still waits and that job is still named, its worker died or hangs in
+          a long step (a dead worker's job stays running until the reaper takes it back, 20 s
+          later), and it is passed over, so that the next victim makes way.
+
+        workers/run/looking.py says each state and move."""
         view = self._broker_view()
         if not any(n for rank, n in enumerate(view.waiting) if ordering.interrupts(rank)):
-            self.awaited, self.passed_over = None, set()
+            self.looks = self.looks.nothing_waits()
             return False
         if lanes_take_urgent(view.waiting, view.idle_lanes):
             return False  # idle RT lanes take them, pausing jobs in place (workers/rt_lane.py)
         try:
             way = self._make_way(view, serving_ms)
-            if way.mine is None and self._overdue(way.victim_id):
-                self.passed_over.add(way.victim_id)  # type: ignore[arg-type]
+            if way.mine is None and way.victim_id is not None and self.looks.overdue(way.victim_id, time.monotonic()):
+                self.looks = self.looks.pass_over(way.victim_id)
                 log.warning(
                     "job %s was named to make way for an urgent job and has not in %.2f s; passed over",
                     way.victim_id,
@@ -227,11 +221,14 @@ class SliceBoundary:
             log.warning("job %s: cannot read the order for an urgent job (%s); going on", self.job_id, exc)
             return False
         if way.mine is None:
-            self._await(way.victim_id)
-            if self.relook_at is None and view.freed and not relook:
-                self.relook_at = time.monotonic() + free_gpus.FREE_S
+            now = time.monotonic()
+            self.looks = self.looks.other_named(
+                way.victim_id, me=self.job_id, now=now, gpu_freed=bool(view.freed), relook=relook
+            )
             return False
-        self.looked = BoundaryRead(view.waiting, row, order.describe(way.mine), mine=way.mine)
+        self.looks = self.looks.this_named()
+        assert self.looks.state == Looking.MAKING_WAY
+        self._named = BoundaryRead(view.waiting, row, mine=way.mine)
         return True
 
     def _make_way(self, view: BrokerView, serving_ms: float) -> order.MakeWay:
@@ -241,32 +238,12 @@ class SliceBoundary:
             serving_ms=serving_ms,
             held_s=self._held_s(),
             slice_s=self.planned_s,
-            passed_over=self.passed_over,
-        )
-
-    def _await(self, victim_id: int | None) -> None:
-        """Another GPU's job was named to make way: look again if it has not in UNRESPONSIVE_S."""
-        if victim_id is None or victim_id == self.job_id or len(self.passed_over) >= MAX_PASSED_OVER:
-            self.awaited = None
-            return
-        if self.awaited is None or self.awaited[0] != victim_id:
-            self.awaited = (victim_id, time.monotonic())
-        self.relook_at = self.awaited[1] + UNRESPONSIVE_S
-
-    def _overdue(self, victim_id: int | None) -> bool:
-        """Whether `victim_id` was named before and has had UNRESPONSIVE_S to make way."""
-        awaited = self.awaited
-        return (
-            victim_id is not None
-            and awaited is not None
-            and awaited[0] == victim_id
-            and time.monotonic() >= awaited[1] + UNRESPONSIVE_S
-            and len(self.passed_over) < MAX_PASSED_OVER
+            passed_over=self.looks.passed_over,
         )
 
     def _standing(self, serving_ms: float) -> ordering.Standing:
         """This job as the order sees it now, its service in this slice so far included."""
-        served = self.run_ms - self.tiers.level_from_ms + serving_ms  # since a batch chance, else all
+        served = self.state.run_ms - self.tiers.level_from_ms + serving_ms  # since a batch chance, else all
         rank = self.tiers.current.rank
         return ordering.Standing(
             rank=rank,
@@ -278,7 +255,7 @@ class SliceBoundary:
         )
 
     def _held_s(self) -> float:
-        return time.monotonic() - self.claimed_at
+        return self.state.held_s()
 
     def _row(self) -> dict[str, Any] | None:
         return hot_sql.select_one(Job, self.job_id, ("state", "dispatch_token", "pending_action", "tier_id"))
@@ -290,7 +267,7 @@ class SliceBoundary:
         has not had its planned time: it leaves only when `ordering.leaves_at` says so."""
         view = BrokerView() if done else self._broker_view()
         row = self._row()
-        outranked_by, first = None, None
+        first = None
         if any(view.waiting) and not self.in_lane:
             first = order.displacing(
                 self.job_id,
@@ -299,8 +276,7 @@ class SliceBoundary:
                 held_s=self._held_s() if cut_short else None,
                 slice_s=self.planned_s,
             )
-            outranked_by = order.describe(first) if first is not None else None
-        return BoundaryRead(view.waiting, row, outranked_by, mine=first)
+        return BoundaryRead(view.waiting, row, mine=first)
 
     def _prefetch_boundary(self) -> BoundaryRead:
         """`_read_boundary` for a slice that ends on time, on the runtime's reader thread. When the
@@ -312,7 +288,7 @@ class SliceBoundary:
             began = time.perf_counter()
             read = self._read_boundary(done=False, cut_short=False)
             self.runtime.boundary_read_s = ewma(self.runtime.boundary_read_s, time.perf_counter() - began)
-            if read.outranked_by is not None:
+            if read.mine is not None:
                 name = self.checkpoints.next_name()
                 if self.runtime.persister.mark(self.job_id, name):
                     read = replace(read, marked=(name, time.monotonic()))

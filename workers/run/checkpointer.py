@@ -47,7 +47,6 @@ class Checkpointer:
         self.saved_nbytes = self.nbytes
         self.last_at = time.monotonic()
         self.unpersisted: tuple[str, Snapshot] | None = None  # a snapshot taken, until its name commits
-        self.marked_ahead: tuple[str, float] | None = None  # BoundaryRead.marked, until the checkpoint
 
     def next_name(self) -> str:
         return checkpoint_name(self.generation + 1, self.token)
@@ -67,9 +66,12 @@ class Checkpointer:
         if nbytes >= POPULATE_FROM_BYTES and not snapshots.ready_for(nbytes):  # no thread per claim
             threading.Thread(target=snapshots.reserve, args=(nbytes,), name="clockq-reserve", daemon=True).start()
 
-    def take(self, workload: Workload, park: bool = False) -> tuple[int, float]:
+    def take(
+        self, workload: Workload, park: bool = False, marked_ahead: tuple[str, float] | None = None
+    ) -> tuple[int, float]:
         """Snapshot the state into host memory and name the next generation; its size and the
         time it took. The caller's update then names it on the job, and `persist` writes it.
+        `marked_ahead`: the persist mark the boundary's read set ahead (`Decided.marked`).
 
         With `park` (the job yields to its queue, and its workload waits in the warm cache,
         unchanged), the copy into host memory is made in the background too, so the GPU does
@@ -87,7 +89,7 @@ class Checkpointer:
         persister = self.runtime.persister
         # After a failed persist, write the next one at once, so the storage is tried again now.
         snapshot = None if persister.take_failure(self.job_id) else self.runtime.snapshots.take(state, background=park)
-        if snapshot is not None and not self._marked_ahead(name) and not persister.mark(self.job_id, name):
+        if snapshot is not None and not _marked_ahead(marked_ahead, name) and not persister.mark(self.job_id, name):
             self.runtime.snapshots.release(snapshot)  # a claim elsewhere could not tell it is coming
             snapshot = None
         if snapshot is None:
@@ -102,12 +104,6 @@ class Checkpointer:
         self.nbytes = nbytes
         self.last_at = time.monotonic()
         return nbytes, took_ms
-
-    def _marked_ahead(self, name: str) -> bool:
-        """Whether the boundary's read, during the last step, already marked `name`, recently
-        enough that the mark outlives the update that names it (its persist then refreshes it)."""
-        marked, self.marked_ahead = self.marked_ahead, None
-        return marked is not None and marked[0] == name and time.monotonic() - marked[1] < persists.TTL_S / 2
 
     def fields(self) -> dict[str, Any]:
         """The job's columns that name its checkpoints, for the update that ends a slice."""
@@ -161,6 +157,12 @@ class Checkpointer:
         if not self.saved_files:
             return 0
         return generation_of(self.saved_files[0]) if is_checkpoint_name(self.saved_files[0]) else None
+
+
+def _marked_ahead(marked: tuple[str, float] | None, name: str) -> bool:
+    """Whether the boundary's read, during the last step, already marked `name`, recently
+    enough that the mark outlives the update that names it (its persist then refreshes it)."""
+    return marked is not None and marked[0] == name and time.monotonic() - marked[1] < persists.TTL_S / 2
 
 
 def _names_to_keep(names: list[str], unwritten: set[str]) -> list[str]:

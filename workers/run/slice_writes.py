@@ -26,7 +26,8 @@ from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob
 from workers.run.errors import LostOwnership
 from workers.run.metrics_recorder import MetricsRecorder
-from workers.run.steps import SliceRecord, StepLoop
+from workers.run.state import RunState
+from workers.run.steps import SliceRecord
 from workers.run.tiers import RunTiers
 from workers.runtime import Runtime
 
@@ -43,7 +44,7 @@ class SliceWrites:
         *,
         tiers: RunTiers,
         checkpoints: Checkpointer,
-        steps: StepLoop,
+        state: RunState,
         metrics: MetricsRecorder,
     ):
         self.job_id = job.id
@@ -52,7 +53,7 @@ class SliceWrites:
         self.runtime = runtime
         self.tiers = tiers
         self.checkpoints = checkpoints
-        self.steps = steps
+        self.state = state  # read here (the job's progress and GPU use); JobRun writes it
         self.metrics = metrics
 
     def end(
@@ -121,11 +122,11 @@ class SliceWrites:
 
     def _progress_fields(self, record: SliceRecord) -> dict[str, Any]:
         fields = {
-            "progress": self.steps.progress,
+            "progress": self.state.progress,
             "run_ms": F("run_ms") + int(record.used_ms),
             "slice_count": F("slice_count") + 1,
             **self.checkpoints.fields(),
-            "util_ewma": self.steps.util_ewma,
+            "util_ewma": self.state.util_ewma,
         }
         if self.tiers.returning_from is not None:
             fields["tier_id"] = self.tiers.home.id

@@ -4,6 +4,10 @@ A slice also ends early when the job is done, or at a step when an urgent job ta
 (the order names this job to make way for it: workers/run/boundary.py) or an operator changed
 something (an interrupt). Near its planned end the loop starts the boundary's read, so
 the GPU does not wait for it after the last step.
+
+The loop writes what the slice did in its `SliceRecord` (its steps, its service, its progress,
+its pause, why it left), and nothing else: JobRun folds the record into the claim's run state
+(workers/run/state.py).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from clockq.policy.lanes import service_ms
-from clockq.policy.slicing import SlicePlan, ewma, plan_slice
+from clockq.policy.slicing import SlicePlan, plan_slice
 from workers.run.boundary import SliceBoundary, prefetch_lead_s
 from workers.run.claim import ClaimedJob
 from workers.run.errors import workload_errors
@@ -43,10 +47,14 @@ class SliceRecord:
     preempted: bool = False  # and made way for an urgent job
     compute_end: float = 0.0  # perf_counter when its last step ended
     paused_ms: float = 0.0  # paused in place for an RT job in its GPU's lane (workers/run/pause.py)
+    progress: float | None = None  # in [0, 1], as its last step reported it (None: no step ended)
+    # It ended at a step to make way for an RT job in its GPU's lane through the checkpoint path
+    # (workers/run/pause.py): why, in the job history's words.
+    lane_leave: str | None = None
 
 
 class StepLoop:
-    """The job's progress and GPU use as its workload reports them, slice by slice."""
+    """A claim's slices as its workload steps them: each slice's plan, and its steps."""
 
     def __init__(
         self,
@@ -63,16 +71,15 @@ class StepLoop:
         self.tiers = tiers
         self.boundary = boundary
         self.metrics = metrics
-        self.progress = job.progress
-        self.util_ewma = job.util_ewma
         self.pauses = PauseWatch(runtime, job.id)
 
-    def plan(self) -> SliceRecord:
-        """The next slice, as long as the policy plans it for this job's tier and GPU use."""
+    def plan(self, util_ewma: float | None) -> SliceRecord:
+        """The next slice, as long as the policy plans it for this job's tier and its GPU use
+        so far (`util_ewma`)."""
         plan = plan_slice(
             base_ms=self.tiers.current.base_slice_ms,
             min_ms=self.tiers.current.min_slice_ms,
-            avg_util=self.util_ewma,
+            avg_util=util_ewma,
             switch_cost_ms=self.job.switch_cost_ms,
             overhead_budget=settings.CLOCKQ_OVERHEAD_BUDGET,
             max_ms=settings.CLOCKQ_MAX_SLICE_MS,
@@ -80,7 +87,8 @@ class StepLoop:
         return SliceRecord(timezone.now(), plan)
 
     def run_slice(self, workload: Workload, record: SliceRecord) -> bool:
-        """Step until the slice is used up or cut short; whether the job is done."""
+        """Step until the slice is used up or cut short, writing what it did in `record`;
+        whether the job is done."""
         interrupts, boundary = self.runtime.interrupts, self.boundary
         began = start = last = time.perf_counter()  # `start` moves on by each pause: a pause is not service
         budget_s = record.plan.ms / 1000.0
@@ -104,8 +112,8 @@ class StepLoop:
                     if records := workload.metrics():
                         self.metrics.record(records)
                     record.steps += 1
-                    self.progress = min(max(progress, 0.0), 1.0)
-                    if self.progress >= 1.0:
+                    record.progress = min(max(progress, 0.0), 1.0)
+                    if record.progress >= 1.0:
                         done = True
                         break
                     if time.perf_counter() - start >= budget_s:
@@ -121,14 +129,12 @@ class StepLoop:
                         record.paused_ms += held.paused_s * 1000
                         if held.leave is not None:  # no room beside it, or paused too long
                             record.cut_short = True
-                            boundary.make_way_for_lane(held.leave)
+                            record.lane_leave = held.leave
                             break
         finally:
             record.compute_end = time.perf_counter()
             record.used_ms = service_ms((record.compute_end - began) * 1000, record.paused_ms)
             stats = self.runtime.sampler.stop()
             record.gpu_util = stats.mean_gpu_util
-            if record.gpu_util is not None:
-                self.util_ewma = ewma(self.util_ewma, record.gpu_util)
             self.runtime.publisher.maybe_publish(stats.last)
         return done
