@@ -7,12 +7,13 @@ truth: the broker's queues hold wake-ups in tier order and say nothing of servic
 
 What the order is made of, per job: its service level (its run time on the ladder of the tier it
 is scheduled in, `CLOCKQ_SERVICE_LADDER_S`; counted from `level_from_ms`, which a batch chance
-sets), its tier (the one it is scheduled in), its owner's share of recent service in that tier
-(`UserShare`) and its id, which is its first submission's place (a job that yields keeps it). A
-promoted job keeps its service: the promotion moves it up among the jobs of its level, where it
-is ordered by its share and its age as the tier's own jobs are; it is not made new. It goes home
-once its service since the promotion (`promoted_run_ms`) is `Ladder.promotion_service`
-(`Ladder.promotion_over`, asked by workers/run/tiers.py).
+sets), its tier (the one it is scheduled in), whether it is promoted, its owner's share of
+recent service in that tier (`UserShare`) and its id, which is its first submission's place (a
+job that yields keeps it). A promoted job keeps its service: the promotion moves it up among the
+jobs of its level, behind the tier's own, except within promoted jobs' bounded share, where it
+goes by its age among them (`ordering.pick_next`, `promoted_protects`); it is not made new. It
+goes home once its service since the promotion (`promoted_run_ms`) is
+`Ladder.promotion_service` (`Ladder.promotion_over`, asked by workers/run/tiers.py).
 """
 
 from __future__ import annotations
@@ -66,14 +67,24 @@ def ladder() -> ordering.Ladder:
 
 
 def heads() -> list[Waiting | None]:
-    """The best queued job of each tier (by `ordering.order_key`), most urgent tier first."""
-    found: list[Waiting | None] = [None] * ladder().tiers
+    """The best queued job of each tier's own (by `ordering.order_key`), most urgent tier first,
+    then the best of the jobs promoted into each tier (`head_index`): promoted jobs' bounded
+    share picks from those (`ordering.pick_next`)."""
+    tiers = ladder().tiers
+    found: list[Waiting | None] = [None] * (2 * tiers)
     with connection.cursor() as cursor:
         cursor.execute(_heads_sql(connection.vendor, ladder()), [str(JobState.QUEUED)])
         for job_id, token, rank, level, promoted, share in cursor.fetchall():
-            if rank in range(len(found)):
-                found[rank] = Waiting(_standing(job_id, rank, level, promoted, share), token)
+            if rank in range(tiers):
+                found[head_index(rank, promoted=bool(promoted))] = Waiting(
+                    _standing(job_id, rank, level, promoted, share), token
+                )
     return found
+
+
+def head_index(rank: int, *, promoted: bool = False) -> int:
+    """Where `heads` has the best waiting job of a tier's own, or of those promoted into it."""
+    return rank + (ladder().tiers if promoted else 0)
 
 
 def running() -> list[Running]:
@@ -98,12 +109,18 @@ def queued_by_class() -> list[ordering.Standing]:
 
 
 def next_for_gpu(total_gpus: int) -> Waiting | None:
-    """The queued job a free GPU takes: the first in the order, or the best-effort tiers' best
-    while they hold less than their bounded share (`ordering.pick_next`)."""
+    """The queued job a free GPU takes: the first in the order, or a promoted job or the
+    best-effort tiers' best while they hold less than their bounded share (`ordering.pick_next`)."""
     waiting = heads()
-    held = sum(r.standing.gpus for r in running() if ordering.in_lower_share(r.standing.rank))
+    now_running = [r.standing for r in running()]
     standings = [w.standing if w else None for w in waiting]
-    best = ordering.pick_next(standings, held_by_lower=held, total_gpus=max(total_gpus, 1), free_gpus=1)
+    best = ordering.pick_next(
+        standings,
+        held_by_lower=sum(r.gpus for r in now_running if ordering.in_lower_share(r.rank)),
+        total_gpus=max(total_gpus, 1),
+        free_gpus=1,
+        held_by_promoted=sum(r.gpus for r in now_running if r.promoted),
+    )
     return waiting[best] if best is not None else None
 
 
@@ -259,7 +276,7 @@ def _heads_sql(_vendor: str, ladder: ordering.Ladder) -> str:
     )
     numbered = (
         "SELECT id, token, rnk, lvl, promoted, share, ROW_NUMBER() OVER "
-        f"(PARTITION BY rnk ORDER BY lvl, share, id) AS place FROM ({inner}) q"
+        f"(PARTITION BY rnk, promoted ORDER BY lvl, share, id) AS place FROM ({inner}) q"
     )
     return f"SELECT id, token, rnk, lvl, promoted, share FROM ({numbered}) n WHERE place = 1"
 

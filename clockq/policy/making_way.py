@@ -83,14 +83,16 @@ def make_way(
     total_gpus: int,
     freeing_gpus: int = 0,
     yielding_gpus: int = 0,
+    held_by_promoted: int = 0,
     waiting_index: int = -1,
 ) -> MakeWay | None:
     """Who makes way for `waiting`, the job a free GPU would take next (`ordering.pick_next`),
     or None: nobody, because nothing waits, it fits (`head_fits`), or nobody may make way for
     it. `candidates(by_cost)` gives the running jobs in `victim_key` order with that `by_cost`,
     consumed lazily (the walk stops at the victim), so that a caller may feed them from heaps;
-    `victim_index` counts in that walk. `held_by_lower`: the GPUs the best-effort tiers hold,
-    less those already told to make way (they protect the share no longer)."""
+    `victim_index` counts in that walk. `held_by_lower`, `held_by_promoted`: the GPUs the
+    best-effort tiers and the promoted jobs hold, less those already told to make way (they
+    protect their share no longer)."""
     if waiting is None:
         return None
     if head_fits(waiting, free_gpus=free_gpus, freeing_gpus=freeing_gpus, yielding_gpus=yielding_gpus):
@@ -102,7 +104,9 @@ def make_way(
             walked.append(c)
             yield c
 
-    found = ordering.pick_victim(waiting, remembered(), held_by_lower=held_by_lower, total_gpus=total_gpus)
+    found = ordering.pick_victim(
+        waiting, remembered(), held_by_lower=held_by_lower, total_gpus=total_gpus, held_by_promoted=held_by_promoted
+    )
     if found is None:
         return None
     return MakeWay(waiting, walked[found], waiting_index, found, ordering.interrupts(waiting.rank))
@@ -119,20 +123,27 @@ def make_way_over(
     freeing_gpus: int = 0,
     yielding_gpus: int = 0,
     yielding_lower: int = 0,
+    held_by_promoted: int = 0,
+    yielding_promoted: int = 0,
     as_seen_by: int | None = None,
 ) -> MakeWay | None:
     """`make_way` over plain lists: the head is the one `ordering.pick_next` names among `heads`
     (the best waiting job of each tier, None where none waits), the candidates every running
-    job, sorted; the decision's indexes are into `heads` and `running`. `held_by_lower`: the
-    GPUs the best-effort tiers hold, of which `yielding_lower` are already told to make way.
+    job, sorted; the decision's indexes are into `heads` and `running`. `held_by_lower`,
+    `held_by_promoted`: the GPUs the best-effort tiers and the promoted jobs hold, of which
+    `yielding_lower` and `yielding_promoted` are already told to make way.
     `as_seen_by`, at a live boundary: the index of the running job that asks; the head is then
     the one its GPU would take if it were free."""
     if as_seen_by is None:
-        best = ordering.pick_next(heads, held_by_lower=held_by_lower, total_gpus=total_gpus, free_gpus=free_gpus)
-    else:
+        lower, promoted, free = held_by_lower, held_by_promoted, free_gpus
+    else:  # as if its GPUs were free
         mine = running[as_seen_by]
-        held = held_by_lower - (mine.gpus if ordering.in_lower_share(mine.rank) else 0)
-        best = ordering.pick_next(heads, held_by_lower=held, total_gpus=total_gpus, free_gpus=mine.gpus)
+        lower = held_by_lower - (mine.gpus if ordering.in_lower_share(mine.rank) else 0)
+        promoted = held_by_promoted - (mine.gpus if mine.promoted else 0)
+        free = mine.gpus
+    best = ordering.pick_next(
+        heads, held_by_lower=lower, total_gpus=total_gpus, free_gpus=free, held_by_promoted=promoted
+    )
     walk: list[int] = []
 
     def in_victim_order(by_cost: bool) -> Iterator[Standing]:
@@ -149,6 +160,7 @@ def make_way_over(
         total_gpus=total_gpus,
         freeing_gpus=freeing_gpus,
         yielding_gpus=yielding_gpus,
+        held_by_promoted=held_by_promoted - yielding_promoted,
     )
     if found is None or best is None:
         return None
@@ -164,12 +176,19 @@ def victim_for(
     total_gpus: int,
 ) -> MakeWay | None:
     """As `running[me]` sees it at its live boundary: `make_way_over` every running job, the
-    GPUs not held by them free. Nobody makes way while a GPU is free: the waiting job takes
-    that one, as when a victim has just left and its GPU is claiming."""
-    held = sum(r.gpus for r in running if ordering.in_lower_share(r.rank))
-    free = total_gpus - sum(r.gpus for r in running)
+    GPUs not held by them free, the shares' GPUs counted from them. `heads`: the best waiting
+    job of each tier's own, then of each tier's promoted jobs (`ordering.pick_next`). Nobody
+    makes way while a GPU is free: the waiting job takes that one, as when a victim has just
+    left and its GPU is claiming."""
     return make_way_over(
-        heads, running, switch_cost_s, free_gpus=free, held_by_lower=held, total_gpus=total_gpus, as_seen_by=me
+        heads,
+        running,
+        switch_cost_s,
+        free_gpus=total_gpus - sum(r.gpus for r in running),
+        held_by_lower=sum(r.gpus for r in running if ordering.in_lower_share(r.rank)),
+        held_by_promoted=sum(r.gpus for r in running if r.promoted),
+        total_gpus=total_gpus,
+        as_seen_by=me,
     )
 
 

@@ -14,22 +14,29 @@ its jobs in structures keyed by these functions' keys; the live system asks the 
   overload, as under plain LAS. A long job of any
   tier sinks below new work, so a months-long service cannot starve a queue, and a new job of
   any tier starts soon; a new urgent job starts first.
-- **Order.** Level first, then tier, then the user's share of recent service in that tier (fair
-  share: a user with 500 waiting jobs does not crowd out one with one), then the time the job
-  was first submitted. A job that yields keeps its place: it re-enters with its first submit
-  time, not the time it yielded.
+- **Order.** Level first, then tier, then the tier's own jobs before jobs promoted into it,
+  then the user's share of recent service in that tier (fair share: a user with 500 waiting
+  jobs does not crowd out one with one), then the time the job was first submitted. A job that
+  yields keeps its place: it re-enters with its first submit time, not the time it yielded.
 - **Promotion.** A promoted job is scheduled in the more urgent tier at the level its whole
-  service gives it on that tier's ladder, and there it is one of that tier's jobs of its level,
-  ordered among them by its share and its age like any other: it goes ahead of the jobs of its
-  level in its own tier and the tiers below, and of the newer jobs of its level in its new tier.
-  It is not made new. A promotion that counted service afresh made every long job that skipped
-  three rounds a new job, which displaced running work and was displaced again a rung later,
-  round after round: preemptions grew with the number of waiting jobs (docs/replay.md has the
-  figures). Nor is it put behind every job of its level there: under a steady stream of new
-  jobs in the new tier, a job placed behind all of them never ran, which is the starvation the
-  promotion is for (docs/benchmarks.md has the figures). It keeps the promotion until it has had
-  the first rung of service there since it was promoted (`Ladder.promotion_service`,
-  `Ladder.promotion_over`), then goes home.
+  service gives it on that tier's ladder, behind that tier's own jobs of the same level: it goes
+  ahead of the jobs of its level in its own tier and the tiers below, but it is not made new. A
+  promotion that counted service afresh made every long job that skipped three rounds a new
+  job, which displaced running work and was displaced again a rung later, round after round:
+  preemptions grew with the number of waiting jobs (docs/replay.md has the figures). It keeps
+  the promotion until it has had the first rung of service there since it was promoted
+  (`Ladder.promotion_service`, `Ladder.promotion_over`), then goes home.
+- **Promoted jobs' share.** Behind the new tier's own jobs alone, a promoted job never ran under
+  a steady stream of them: the starvation promotion is for. So promoted jobs have a bounded
+  share of the GPUs, as the best-effort tiers have theirs: while they hold less than
+  `PROMOTED_SHARE` (at least one GPU on a cluster of two or more), a promoted job goes by its
+  age among its new tier's jobs of its level, as if it were the tier's own (ahead of the newer
+  ones, `order_key_as_own`), and one that runs within the share keeps its GPUs against anything
+  but RT until it goes home or ends (`promoted_share_gpus`, `promoted_protects`): it is not
+  taken back by the next job of its new tier, which would be churn. Bounded, so that a
+  saturated cluster does not turn every starved SP job into HP work: ordering every promoted
+  job by age among the new tier's jobs did, and HP's mean wait on the Tiresias trace at 8 GPUs
+  went from 27 s to 4.8 min (docs/benchmarks.md).
 - **Making way.** A waiting job displaces a running one only if it comes before it in that
   order, and the victim leaves once it has had a planned slice (long enough, by
   `slicing.plan_slice`, to keep its switch within the overhead budget); for the urgent tiers
@@ -70,6 +77,8 @@ WEIGHT_PER_RANK = 1.25
 # is each tier's own (`TierSpec.interrupts`, `.best_effort`, `.realtime` in clockq/policy/tiers.py).
 # The best-effort tiers' bounded share of the GPUs under saturation:
 LOWER_TIER_SHARE = 0.1
+# Promoted jobs' bounded share of the GPUs (module docstring): as the best-effort tiers'.
+PROMOTED_SHARE = 0.1
 # A user's recent service decays with this half-life (Slurm's PriorityDecayHalfLife default).
 FAIR_SHARE_HALF_LIFE_S = 7 * 86_400.0
 # A fair amount of service for a promoted job before it goes home: the first rung of the tier
@@ -140,31 +149,35 @@ class Standing:
     gpus: int = 1  # how many it needs at once (a gang needs them all)
 
 
-Key = tuple[int, int, float, float, int]
+Key = tuple[int, int, bool, float, float, int]
 
 
 def order_key(s: Standing, *, share: float | None = None) -> Key:
     """Sort key: smaller goes first. `share`, if given, stands for the standing's user share:
-    the share changes while a job waits (its user's other jobs run), the rest does not. A
-    promoted job is ordered as its new tier's own (module docstring, Promotion)."""
-    return (s.level, s.rank, s.user_share_gpu_s if share is None else share, s.submitted, s.job_id)
+    the share changes while a job waits (its user's other jobs run), the rest does not."""
+    return (s.level, s.rank, s.promoted, s.user_share_gpu_s if share is None else share, s.submitted, s.job_id)
 
 
-def job_class(s: Standing) -> tuple[int, int]:
-    """The class a job is displaced by: its level and its tier (a promoted job's is the tier it
-    was promoted to). Jobs of one class never displace one another (`outranks`)."""
-    return (s.level, s.rank)
+def order_key_as_own(s: Standing) -> tuple[int, int, float, float, int]:
+    """The order as if a promoted job were its new tier's own: level, tier, share, age. What
+    promoted jobs go by within their share (`pick_next`)."""
+    return (s.level, s.rank, s.user_share_gpu_s, s.submitted, s.job_id)
+
+
+def job_class(s: Standing) -> tuple[int, int, bool]:
+    """The class a job is displaced by: its level, its tier, and whether it is promoted. Jobs
+    of one class never displace one another (`outranks`)."""
+    return (s.level, s.rank, s.promoted)
 
 
 def outranks(waiting: Standing, running: Standing) -> bool:
     """Whether a waiting job is in a better class than a running one: a better level, else a
-    more urgent tier. Within a class nobody is displaced (the first come keeps its GPU), as in
-    Tiresias, where preemption happens only across queues: taking turns within a class would be
-    processor sharing, which slows every job of the class and makes none of them finish sooner.
-    A promoted job is of its new tier's class: once it runs there, the tier's newer jobs of its
-    level do not take its GPU back, so it has its service there (the guard against churn is its
-    return home after a rung, `Ladder.promotion_over`). The user share is left out too: a job does not
-    leave its GPU because its owner's share grew while it ran."""
+    more urgent tier, else its own tier's job against a promoted one. Within a class nobody
+    is displaced (the first come keeps its GPU), as in Tiresias, where preemption happens
+    only across queues: taking turns within a class would be processor sharing, which slows
+    every job of the class and makes none of them finish sooner. The user share is left out
+    too: a job does not leave its GPU because its owner's share grew while it ran. (A promoted
+    job within its share is kept from displacement apart: `promoted_protects`.)"""
     return job_class(waiting) < job_class(running)
 
 
@@ -182,7 +195,7 @@ def is_realtime(rank: int) -> bool:
     return rank in REALTIME_RANKS
 
 
-def may_displace_class(waiting: Standing, running_class: tuple[int, int]) -> bool:
+def may_displace_class(waiting: Standing, running_class: tuple[int, int, bool]) -> bool:
     """`may_displace` for every running job of a class (`job_class`: level, tier), which is all
     it depends on: a victim structure that keeps its jobs by class skips the classes it may not
     take from without looking at their jobs (clockq/replay/victims.py)."""
@@ -190,9 +203,11 @@ def may_displace_class(waiting: Standing, running_class: tuple[int, int]) -> boo
 
 
 @functools.cache
-def _class_displaces(waiting_class: tuple[int, int], running_class: tuple[int, int]) -> bool:
-    (waiting_level, waiting_rank), (level, rank) = waiting_class, running_class
-    return may_displace(Standing(waiting_rank, waiting_level, 0.0, 0.0), Standing(rank, level, 0.0, 0.0))
+def _class_displaces(waiting_class: tuple[int, int, bool], running_class: tuple[int, int, bool]) -> bool:
+    (w_level, w_rank, w_promoted), (level, rank, promoted) = waiting_class, running_class
+    return may_displace(
+        Standing(w_rank, w_level, 0.0, 0.0, promoted=w_promoted), Standing(rank, level, 0.0, 0.0, promoted=promoted)
+    )
 
 
 def interrupts(rank: int) -> bool:
@@ -232,18 +247,27 @@ def victim_key(running: Standing, switch_cost_s: float, *, by_cost: bool) -> tup
 
 
 def pick_victim(
-    waiting: Standing, candidates: Iterable[Standing], *, held_by_lower: int, total_gpus: int
+    waiting: Standing,
+    candidates: Iterable[Standing],
+    *,
+    held_by_lower: int,
+    total_gpus: int,
+    held_by_promoted: int = 0,
 ) -> int | None:
     """Which running job makes way for `waiting`: the index into `candidates` (the running jobs
     in `victim_key` order, `by_cost` for an urgent tier), or None. The walk passes over the
-    jobs the bounded share protects. For an urgent tier it passes over the jobs it may not
-    displace too (a more expensive job behind them may be one it may); otherwise it stops at
-    the first job `waiting` may not displace: with the furthest back first, a job better placed
-    than it is never taken, nor any behind it. `candidates` is consumed lazily, so a caller may
-    feed it from a heap. For a gang, call it again after each victim, with the share updated."""
+    jobs the bounded shares protect (the best-effort tiers', `held_by_lower`, and promoted
+    jobs', `held_by_promoted`: the GPUs each holds, less those already leaving). For an urgent
+    tier it passes over the jobs it may not displace too (a more expensive job behind them may
+    be one it may); otherwise it stops at the first job `waiting` may not displace: with the
+    furthest back first, a job better placed than it is never taken, nor any behind it.
+    `candidates` is consumed lazily, so a caller may feed it from a heap. For a gang, call it
+    again after each victim, with the shares updated."""
     by_cost, for_rt = interrupts(waiting.rank), is_realtime(waiting.rank)
     for i, running in enumerate(candidates):
         if share_protects(running, for_rt=for_rt, held_by_lower=held_by_lower, total_gpus=total_gpus):
+            continue
+        if promoted_protects(running, for_rt=for_rt, held_by_promoted=held_by_promoted, total_gpus=total_gpus):
             continue
         if may_displace(waiting, running):
             return i
@@ -263,21 +287,61 @@ def in_lower_share(rank: int) -> bool:
     return rank in BEST_EFFORT_RANKS
 
 
-def pick_next(heads: Sequence[Standing | None], *, held_by_lower: int, total_gpus: int, free_gpus: int) -> int | None:
+def pick_next(
+    heads: Sequence[Standing | None],
+    *,
+    held_by_lower: int,
+    total_gpus: int,
+    free_gpus: int,
+    held_by_promoted: int = 0,
+) -> int | None:
     """Which queue's head a free GPU takes: the index into `heads` (the best waiting job of each
-    queue, None where a queue is empty), or None if nothing waits. The first in the order,
-    unless the best-effort tiers hold less than their bounded share: then the best of them that
-    fits in the free GPUs (RT never gives way to the share)."""
+    queue, None where a queue is empty; a tier's promoted jobs are a queue of their own), or
+    None if nothing waits. The first in the order, unless promoted jobs hold less than their
+    bounded share: then the best of them that fits in the free GPUs and is ahead of the first
+    by its age among its new tier's jobs of its level (`order_key_as_own`); else unless the
+    best-effort tiers hold less than theirs: then the best of them that fits. RT never gives
+    way to a share."""
     present = [(order_key(s), i) for i, s in enumerate(heads) if s is not None]
     if not present:
         return None
     best = min(present)[1]
     first = heads[best]
     assert first is not None
-    if is_realtime(first.rank) or in_lower_share(first.rank) or held_by_lower >= lower_share_gpus(total_gpus):
+    if is_realtime(first.rank):
+        return best
+    if not first.promoted and held_by_promoted < promoted_share_gpus(total_gpus):
+        # Within their share, promoted jobs go by their age among their new tier's jobs of
+        # their level, as if they were its own: ahead of the newer ones, not of the older.
+        first_as_own = order_key_as_own(first)
+        ahead = [
+            (order_key_as_own(s), i)
+            for i, s in enumerate(heads)
+            if s is not None and s.promoted and s.gpus <= free_gpus and order_key_as_own(s) < first_as_own
+        ]
+        if ahead:
+            return min(ahead)[1]
+    if in_lower_share(first.rank) or held_by_lower >= lower_share_gpus(total_gpus):
         return best
     lower = [(key, i) for key, i in present if in_lower_share(key[1]) and heads[i].gpus <= free_gpus]  # type: ignore[union-attr]
     return min(lower)[1] if lower else best
+
+
+def promoted_share_gpus(total_gpus: int) -> int:
+    """Promoted jobs' share in whole GPUs: a tenth, and at least one on a cluster of two or
+    more (a promoted job must be able to run at all: that is what promotion is for); none on
+    one GPU, where a share would be the whole cluster."""
+    return 0 if total_gpus < 2 else max(1, math.floor(PROMOTED_SHARE * total_gpus))
+
+
+def promoted_protects(running: Standing, *, for_rt: bool, held_by_promoted: int, total_gpus: int) -> bool:
+    """Whether a promoted job keeps its GPUs against a waiting job because taking them would put
+    promoted jobs below their bounded share: it has its service in its new tier until it goes
+    home (`Ladder.promotion_over`) or ends, and is not taken back by the next job of that tier.
+    Only RT takes from it, as from the best-effort tiers' share."""
+    if for_rt or not running.promoted:
+        return False
+    return held_by_promoted - running.gpus < promoted_share_gpus(total_gpus)
 
 
 def share_protects(running: Standing, *, for_rt: bool, held_by_lower: int, total_gpus: int) -> bool:

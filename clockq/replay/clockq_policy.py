@@ -1,10 +1,11 @@
 """clockq's policy, replayed: every decision comes from clockq/policy. This module only keeps
 the structures that make those decisions fast on 100,000 jobs.
 
-- **Order** (`ordering`). One queue per tier, as Celery has (clockq/replay/tier_queue.py), in
-  `ordering.order_key` order: service level, tier, promoted or not, the user's recent share as it
-  is now, first submit time. A free GPU takes the head that `ordering.pick_next` names, which
-  gives the best-effort tiers their bounded share.
+- **Order** (`ordering`). One queue per tier, as Celery has (clockq/replay/tier_queue.py), and
+  one per tier for the jobs promoted into it, in `ordering.order_key` order: service level,
+  tier, promoted or not, the user's recent share as it is now, first submit time. A free GPU
+  takes the head that `ordering.pick_next` names, which gives promoted jobs and the best-effort
+  tiers their bounded shares.
 - **Running.** A job runs until it finishes, crosses a rung of its tier's service ladder (its
   level drops: an event here, a boundary live), or is displaced. Nothing takes turns: the order
   changes only at rungs, arrivals and promotions, so there is no quantum to choose.
@@ -45,23 +46,28 @@ class ClockqReplay(Replay):
         super().__init__(trace, config)
         ranks = max(self.tier_by_rank) + 1
         self.ladder = config.ladder  # its tiers are the replay's ranks (Config checks)
-        self.queues = [TierQueue(self._is_queued) for _ in range(ranks)]
+        # One queue per tier for its own jobs, then one per tier for the jobs promoted into it
+        # (their bounded share picks from those: `ordering.pick_next`); `_queue_of` says which.
+        self.ranks = ranks
+        self.queues = [TierQueue(self._is_queued) for _ in range(2 * ranks)]
         self._head_user = ""
         self.held_by_lower = 0  # GPUs held by jobs of the best-effort tiers (their share)
         self.victims = Victims(lambda idx, vseq: self.jobs[idx].vseq == vseq and self.jobs[idx].state == St.RUNNING)
         self.making_way = 0  # GPUs of jobs told to yield at their next boundary
         self._lower_leaving = 0  # ... of them, those in the best-effort tiers' share
+        self.held_by_promoted = 0  # GPUs held by promoted jobs (their share)
+        self._promoted_leaving = 0  # ... of them, those told to make way
         self.yielding: set[int] = set()
         self.user_share: dict[tuple[str, int], float] = {}  # (user, rank) -> weighted GPU-s
         self._making = False
         self.gathering_for: int | None = None  # the blocked head whose GPUs are being freed
         self._head_rank = 0
         # head() is asked several times per event; it changes only with the queues (counted
-        # here), the free GPUs and the best-effort tiers' holding.
+        # here), the free GPUs and the shares' holdings.
         self._queue_changes = 0
         self._share_changes = [0] * ranks  # per tier: a user's share orders its jobs, so its head may change
-        self._head_memo: tuple[tuple[int, int, int, int], tuple[int, str], SimJob | None] | None = None
-        self._backfill_found_nothing: tuple[int, int, int] | None = None
+        self._head_memo: tuple[tuple[int, int, int, int, int], tuple[int, str], SimJob | None] | None = None
+        self._backfill_found_nothing: tuple[int, int, int, int] | None = None
         self._ahead_memo: dict[int, tuple[int, int]] = {}  # rank -> (queue changes, GPUs ahead)
         self.tick_s = config.promotion_tick_s
         self.chance_every_s = config.batch_chance_every_s
@@ -106,7 +112,13 @@ class ClockqReplay(Replay):
         if gained > 0:
             key = (job.t.user, job.rank)
             self.user_share[key] = self._share(job) + gained * ordering.share_weight(self.now)
-            if self.queues[job.rank].share_matters(job.t.user):
+            # A promoted job is compared with its new tier's own by their users' shares
+            # (`ordering.order_key_as_own`): across the two queues, any share of a user waiting
+            # in either may change which goes first.
+            own, promoted = self.queues[job.rank], self.queues[self.ranks + job.rank]
+            user = job.t.user
+            across = promoted.count > 0 and (own.has_user(user) or promoted.has_user(user))
+            if across or own.share_matters(user):
                 self._share_changes[job.rank] += 1
 
     # --- the queues ---------------------------------------------------------------------------
@@ -117,12 +129,16 @@ class ClockqReplay(Replay):
         # when it names its head (clockq/replay/tier_queue.py).
         job.standing = self._standing(job)
         self._queue_changes += 1
-        self.queues[job.rank].push(job.idx, job.qseq, job.t.user, job.standing)
+        self.queues[self._queue_of(job)].push(job.idx, job.qseq, job.t.user, job.standing)
         if job.rank == job.home_rank:
             if job.rank in self.promotable:
                 self._keep_ticking(_PROMOTION_TICK, self.tick_s)
             if any(t.rank == job.rank for t in self.chance_tiers):
                 self._keep_ticking(_BATCH_CHANCE, self.chance_every_s)
+
+    def _queue_of(self, job: SimJob) -> int:
+        """Its tier's queue: of the tier's own jobs, or of those promoted into it."""
+        return job.rank + (self.ranks if job.rank != job.home_rank else 0)
 
     def _share_in(self, rank: int) -> Callable[[str], float]:
         return lambda user: self.user_share.get((user, rank), 0.0)
@@ -132,7 +148,7 @@ class ClockqReplay(Replay):
         return job.qseq == qseq and job.state == St.WAITING
 
     def head(self) -> SimJob | None:
-        memo_key = (self._queue_changes, sum(self._share_changes), self.free, self.held_by_lower)
+        memo_key = (self._queue_changes, sum(self._share_changes), self.free, self.held_by_lower, self.held_by_promoted)
         if self._head_memo is not None and self._head_memo[0] == memo_key:
             self._head_rank, self._head_user = self._head_memo[1]
             return self._head_memo[2]
@@ -142,12 +158,16 @@ class ClockqReplay(Replay):
 
     def _pick_head(self) -> SimJob | None:
         heads = [
-            q.head(self._share_in(rank), self._share_changes[rank]) if q.count else None
-            for rank, q in enumerate(self.queues)
+            q.head(self._share_in(i % self.ranks), self._share_changes[i % self.ranks]) if q.count else None
+            for i, q in enumerate(self.queues)
         ]
         standings = [None if h is None else h[1].standing for h in heads]
         pick = ordering.pick_next(
-            standings, held_by_lower=self.held_by_lower, total_gpus=self.cfg.gpus, free_gpus=self.free
+            standings,
+            held_by_lower=self.held_by_lower,
+            total_gpus=self.cfg.gpus,
+            free_gpus=self.free,
+            held_by_promoted=self.held_by_promoted,
         )
         if pick is None:
             return None
@@ -173,7 +193,7 @@ class ClockqReplay(Replay):
         return self.jobs[idx]
 
     def left_queue(self, job: SimJob) -> None:
-        self.queues[job.rank].left()
+        self.queues[self._queue_of(job)].left()
         self._queue_changes += 1
 
     # --- running ------------------------------------------------------------------------------
@@ -198,6 +218,8 @@ class ClockqReplay(Replay):
         self.started_since_tick.add(job.idx)
         job.mode = job.t.num_gpu if ordering.in_lower_share(job.rank) else 0  # its GPUs in the share
         self.held_by_lower += job.mode
+        job.promoted_gpus = job.t.num_gpu if job.rank != job.home_rank else 0  # its GPUs in promoted jobs' share
+        self.held_by_promoted += job.promoted_gpus
         self._plan(job)
         self._as_victim(job)
 
@@ -229,8 +251,10 @@ class ClockqReplay(Replay):
             self.yielding.discard(job.idx)
             self.making_way -= job.t.num_gpu
             self._lower_leaving -= job.mode
+            self._promoted_leaving -= job.promoted_gpus
         self.held_by_lower -= job.mode
-        job.mode = 0
+        self.held_by_promoted -= job.promoted_gpus
+        job.mode = job.promoted_gpus = 0
 
     def boundary(self, job: SimJob) -> None:
         self.account(job)
@@ -244,6 +268,8 @@ class ClockqReplay(Replay):
             job.rank, self._promoted_service(job), tolerance_gpu_s=EPS
         ):
             job.rank, job.level_from = job.home_rank, 0.0  # a fair amount of service had: home
+            self.held_by_promoted -= job.promoted_gpus
+            job.promoted_gpus = 0
         self._plan(job)
         self._as_victim(job)
         self.dispatch()
@@ -281,6 +307,7 @@ class ClockqReplay(Replay):
                 self.yielding.add(victim.idx)
                 self.making_way += victim.t.num_gpu
                 self._lower_leaving += victim.mode
+                self._promoted_leaving += victim.promoted_gpus
                 victim.version += 1
                 victim.vseq += 1
                 self.account(victim)
@@ -304,6 +331,7 @@ class ClockqReplay(Replay):
             yielding_gpus=self.making_way,
             held_by_lower=self.held_by_lower - self._lower_leaving,
             total_gpus=self.cfg.gpus,
+            held_by_promoted=self.held_by_promoted - self._promoted_leaving,
         )
         idx = walks[0].finish(decision) if walks else None
         if decision is None or idx is None:
@@ -320,7 +348,7 @@ class ClockqReplay(Replay):
         if gathering:
             return
         # The same queues and free GPUs as at a look that found nothing: nothing to find.
-        state = (self._queue_changes, self.free, self.held_by_lower)
+        state = (self._queue_changes, self.free, self.held_by_lower, self.held_by_promoted)
         if state == self._backfill_found_nothing:
             return
         first = head.standing
@@ -339,7 +367,7 @@ class ClockqReplay(Replay):
 
         for queue in self.queues:
             queue.take_front(BACKFILL_DEPTH, started)
-        if state == (self._queue_changes, self.free, self.held_by_lower):
+        if state == (self._queue_changes, self.free, self.held_by_lower, self.held_by_promoted):
             self._backfill_found_nothing = state
 
     # --- beat's periodic tasks ----------------------------------------------------------------
@@ -408,7 +436,7 @@ class ClockqReplay(Replay):
         """It keeps its wait and its first submit time, and waits in the more urgent queue at
         the level its service gives it there: all of it, or since now for a batch chance
         (`Promotion.fresh_level`)."""
-        self.queues[job.rank].left()
+        self.queues[self._queue_of(job)].left()
         job.rank = self.tier_by_code[p.to_tier].rank
         job.promoted_at = job.attained
         job.level_from = job.attained if p.fresh_level else 0.0

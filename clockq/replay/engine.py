@@ -65,6 +65,7 @@ class SimJob:
         "mode",
         "preemptions",
         "promoted_at",
+        "promoted_gpus",
         "promotions",
         "qseq",
         "rank",
@@ -104,6 +105,7 @@ class SimJob:
         self.preemptions = self.promotions = self.skipped_rounds = 0
         self.got_gpus_at = 0.0  # when it last got its GPUs (clockq: its minimum run)
         self.mode = 0  # policy-defined
+        self.promoted_gpus = 0  # policy-defined (clockq: its GPUs in promoted jobs' share)
         self.standing: Any = None  # policy-defined: clockq's standing while it waits
         self.level = 0  # LAS queue
         self.attained = 0.0  # GPU-seconds of service (LAS)

@@ -48,6 +48,10 @@ class TierQueue:
             return False
         return any(heap for other, heap in self._by_user.items() if other != user)
 
+    def has_user(self, user: str) -> bool:
+        """Whether `user` may have jobs waiting here (entries, some perhaps stale)."""
+        return bool(self._by_user.get(user))
+
     def left(self) -> None:
         """One of its jobs left the queue without being popped (its entry goes stale)."""
         self.count -= 1

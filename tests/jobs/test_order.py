@@ -63,23 +63,25 @@ def test_a_tiers_head_is_its_lowest_level_then_the_smaller_share_then_the_first_
     assert served.pk not in head_ids()
 
 
-def test_a_promoted_job_keeps_its_service_and_goes_by_its_age_among_that_tiers_jobs_of_its_level(alice):
+def test_a_promoted_job_keeps_its_service_and_goes_behind_that_tiers_own_jobs_of_its_level(alice):
     hp, sp = QueueTier.objects.get(code="HP"), QueueTier.objects.get(code="SP")
     long_served = rungs(SP)[2] + 5
     promoted = queued(alice, "SP", run_s=long_served, tier=hp, promoted_run_ms=int(long_served * 1000))
     heads = order.heads()
-    assert heads[HP].standing.job_id == promoted.pk
+    in_hp = order.head_index(HP, promoted=True)  # the best of the jobs promoted into HP
+    assert heads[in_hp].standing.job_id == promoted.pk
     # Its level is its whole service on HP's ladder: a promotion does not make it new
     level = order.ladder().level(HP, long_served)
     assert level > 0
-    assert (heads[HP].standing.level, heads[HP].standing.promoted) == (level, True)
-    # HP's own new work goes first (a better level); of its own level it goes by its age, ahead
-    # of HP's newer jobs (issue 39 item 7: behind them all, a stream of HP work starved it)
+    assert (heads[in_hp].standing.level, heads[in_hp].standing.promoted) == (level, True)
+    # HP's own new work goes first; so does HP's own work of the same level (promoted jobs'
+    # share aside: on one GPU there is none, ordering.promoted_share_gpus)
     own_new = queued(alice, "HP")
     assert head_ids()[HP] == own_new.pk
     Job.objects.filter(pk=own_new.pk).update(state=JobState.RUNNING)
     own_same_level = queued(alice, "HP", run_s=long_served)
-    assert head_ids()[HP] == promoted.pk
+    assert head_ids()[HP] == own_same_level.pk
+    assert order.next_for_gpu(total_gpus=1).standing.job_id == own_same_level.pk
     Job.objects.filter(pk=own_same_level.pk).update(state=JobState.RUNNING)
     # ... and it goes ahead of SP's jobs of its level
     queued(alice, "SP", run_s=long_served)
@@ -91,9 +93,10 @@ def test_a_batch_chance_counts_the_jobs_level_from_the_lift(alice):
     bp, sp = QueueTier.objects.get(code="BP"), QueueTier.objects.get(code="SP")
     long_served = rungs(BP)[-1] + 5
     lifted = queued(alice, "BP", run_s=long_served, tier=sp, promoted_run_ms=int(long_served * 1000))
-    assert order.heads()[SP].standing.level == order.ladder().level(SP, long_served)  # a promotion
+    in_sp = order.head_index(SP, promoted=True)
+    assert order.heads()[in_sp].standing.level == order.ladder().level(SP, long_served)  # a promotion
     Job.objects.filter(pk=lifted.pk).update(level_from_ms=int(long_served * 1000))  # a batch chance
-    assert (order.heads()[SP].standing.level, order.heads()[SP].standing.promoted) == (0, True)
+    assert (order.heads()[in_sp].standing.level, order.heads()[in_sp].standing.promoted) == (0, True)
     assert bp.pk == Job.objects.get(pk=lifted.pk).original_tier_id
 
 

@@ -26,7 +26,7 @@ def job(rank=SP, level=0, job_id=0, promoted=False):
         (HP, job(SP), True),
         (HP, job(HP, level=0), False),  # one class: the first come keeps its GPU
         (HP, job(HP, level=1), True),  # a long-served HP job sinks below a new one
-        (HP, job(HP, level=0, promoted=True), False),  # a promoted job is of its new tier's class
+        (HP, job(HP, level=0, promoted=True), True),  # a promoted job is behind the tier's own
         (HP, job(RT, level=1), True),  # levels come first, even for RT
         (HP, job(RT, level=0), False),
         (SP, job(BK, level=3), False),  # SP does not interrupt: it waits for a slice's end

@@ -104,8 +104,7 @@ def test_a_promoted_job_keeps_its_promotion_for_the_first_rung_of_its_new_tier()
         (job(BK, level=0), job(RT, level=1)),  # level first: a long RT job sinks below new work
         (job(RT), job(BK)),  # a new urgent job starts first
         (job(HP), job(SP)),  # same level: the more urgent tier
-        (job(HP, promoted=True, submitted=1.0), job(HP, submitted=9.0)),  # a promoted job by its age there
-        (job(HP, submitted=1.0), job(HP, promoted=True, submitted=9.0)),  # not ahead of older ones either
+        (job(HP, submitted=9.0), job(HP, promoted=True)),  # own tier before promoted, however new
         (job(HP, promoted=True), job(SP)),  # a promoted job goes ahead of its own tier
         (job(HP, level=0, promoted=True), job(HP, level=1)),  # and of the tier's long-served jobs
         (job(SP, share=1.0, submitted=9.0), job(SP, share=5.0)),  # fair share before submit time
@@ -142,9 +141,8 @@ def test_a_job_that_yields_keeps_its_place_ahead_of_newer_jobs():
         (job(SP), job(HP), False),
         (job(BK, level=0), job(RT, level=2), True),  # a better level, across tiers
         (job(RT, level=1), job(BK, level=0), False),
-        (job(HP), job(HP, promoted=True), False),  # a promoted job is of its new tier's class: it keeps its GPU
+        (job(HP), job(HP, promoted=True), True),  # own tier's job against a promoted one
         (job(HP, promoted=True), job(HP), False),
-        (job(HP, promoted=True), job(SP), True),  # and takes one as the tier's own would
         (job(RT, level=0), job(RT, level=3), False),  # RT never displaces RT
     ],
 )

@@ -28,9 +28,9 @@ class BothWays(ClockqReplay):
         self.compared: list[tuple[str, str]] = []  # (the live composition's answer, the replay's)
 
     def _plain_state(self):
-        heads = [
-            q.head(self._share_in(rank), self._share_changes[rank])[1].standing if q.count else None
-            for rank, q in enumerate(self.queues)
+        heads = [  # each tier's own, then each tier's promoted jobs
+            q.head(self._share_in(i % self.ranks), self._share_changes[i % self.ranks])[1].standing if q.count else None
+            for i, q in enumerate(self.queues)
         ]
         running = [job for job in self.running.values() if job.idx not in self.yielding]
         return heads, running
@@ -47,6 +47,8 @@ class BothWays(ClockqReplay):
             freeing_gpus=self.freeing,
             yielding_gpus=self.making_way,
             yielding_lower=self._lower_leaving,
+            held_by_promoted=self.held_by_promoted,
+            yielding_promoted=self._promoted_leaving,
         )
         found = super()._decide(waiting)
         said_live = "nobody" if live is None else _said(live.waiting.job_id, running[live.victim_index].idx, live)

@@ -276,7 +276,7 @@ def test_the_replay_orders_waiting_jobs_by_the_policys_order_key(monkeypatch):
     assert run("clockq", trace)[0].start_order == ["A", "B", "C", "D"]  # the first submitted first
     # When the policy's key puts the last submitted first
     original = ordering.order_key
-    monkeypatch.setattr(ordering, "order_key", lambda s, **kw: (*original(s, **kw)[:3], -s.submitted, s.job_id))
+    monkeypatch.setattr(ordering, "order_key", lambda s, **kw: (*original(s, **kw)[:4], -s.submitted, s.job_id))
     # Then the replay follows it: its order comes from ordering.order_key, not a rule of its own
     assert run("clockq", trace)[0].start_order == ["A", "D", "C", "B"]
 
