@@ -11,6 +11,7 @@ from django.db import models
 from clockq.policy.promotion import TierLinks, promotion_problems
 from clockq.policy.slicing import PendingAction, SliceOutcome
 from clockq.policy.states import ACTIVE_STATES, JobState
+from clockq.policy.tiers import TierSpec, tier
 
 
 def new_token() -> str:
@@ -68,6 +69,12 @@ class QueueTier(models.Model):
 
     def __str__(self) -> str:
         return f"{self.code} ({self.use})"
+
+    @property
+    def spec(self) -> TierSpec:
+        """What this tier is (clockq/policy/tiers.py), found by its code: the row holds only what
+        an operator tunes, and copies its rank and queue for the SQL that sorts by them."""
+        return tier(self.code)
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
