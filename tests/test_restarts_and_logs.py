@@ -50,6 +50,7 @@ def machine(var_dir) -> dict[str, str]:
     return {**env, "CLOCKQ_VAR_DIR": str(var_dir), "ALLOWED_HOSTS": "testserver"}
 
 
+@pytest.mark.slow  # about a minute: clockq started and restarted, twice over; CI's slow pass runs it
 @pytest.mark.integration
 def test_a_session_survives_a_restart_and_another_clockq_uses_other_cookies(tmp_path):
     # Given a machine without SECRET_KEY, where alice logged in

@@ -337,6 +337,7 @@ def test_the_script_refuses_a_run_without_a_token_before_it_submits_anything(mon
 # --- end to end, on real workers ---------------------------------------------------------------
 
 
+@pytest.mark.slow  # a trace run end to end on a live server and workers; CI's slow pass runs it
 @pytest.mark.integration
 def test_live_mode_agrees_with_the_simulator_on_the_start_order_of_a_small_trace(
     alice, start_workers, live_server, settings

@@ -85,6 +85,7 @@ def test_the_job_furthest_back_in_the_order_makes_way(start_workers, alice):
     assert all(j.state == "succeeded" for j in wait_finished(sp, bk))
 
 
+@pytest.mark.slow  # ten GPU workers saturated with HP work; CI's slow pass runs it (the share's rule: tests/policy)
 def test_under_saturation_the_best_effort_tiers_get_their_bounded_share(start_workers, alice, settings):
     # Ten GPUs (a tenth of them is one GPU: the best-effort tiers' share), busy with HP work that
     # ends one GPU at a time; the default ladder, so that no job passes a rung and only the tier

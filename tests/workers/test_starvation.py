@@ -91,6 +91,7 @@ def test_a_starved_sp_job_is_promoted_after_three_rounds_runs_and_returns(alice,
     assert Job.objects.get(pk=first.pk).state in ("queued", "running")  # it made way, and waits
 
 
+@pytest.mark.slow  # endless SP work and real beat until the batch chance comes; CI's slow pass runs it
 def test_a_bp_job_behind_endless_sp_work_gets_its_slice_once_a_short_interval_is_set(alice, start_workers, beat):
     sp = [submit(alice, "SP", f"sp-{i}", steps=4000, step_ms=10, state_kb=1) for i in range(2)]
     bp = long_served(submit(alice, "BP", "batch", steps=1_000_000, step_ms=10, state_kb=1))
