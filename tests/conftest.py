@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,15 @@ from django.core.cache import cache
 from tests import db_engine
 from tests.harness import ROOT, GpuWorkers, RedisServer, can_sandbox
 from tests.helpers import SHORT_LADDER, database_url
+
+
+def pytest_configure(config):
+    """The tests that press Ctrl-C on a program (SIGINT to `clockq jobs --watch`) need it to hear
+    it: a run started in the background by a shell without job control (`nohup ... &`, as a CI
+    runner may) ignores SIGINT, and every process it starts would inherit that and go on for the
+    whole wait. A handler of our own is not inherited: the programs get the default back."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
