@@ -317,7 +317,11 @@ def pick_next(
         ahead = [
             (order_key_as_own(s), i)
             for i, s in enumerate(heads)
-            if s is not None and s.promoted and s.gpus <= free_gpus and order_key_as_own(s) < first_as_own
+            if s is not None
+            and s.promoted
+            and s.gpus <= free_gpus
+            and held_by_promoted + s.gpus <= promoted_share_gpus(total_gpus)
+            and order_key_as_own(s) < first_as_own
         ]
         if ahead:
             return min(ahead)[1]
@@ -335,13 +339,15 @@ def promoted_share_gpus(total_gpus: int) -> int:
 
 
 def promoted_protects(running: Standing, *, for_rt: bool, held_by_promoted: int, total_gpus: int) -> bool:
-    """Whether a promoted job keeps its GPUs against a waiting job because taking them would put
-    promoted jobs below their bounded share: it has its service in its new tier until it goes
+    """Whether a promoted job keeps its GPUs against a waiting job: while the promoted jobs that
+    run hold no more than their bounded share, it has its service in its new tier until it goes
     home (`Ladder.promotion_over`) or ends, and is not taken back by the next job of that tier.
-    Only RT takes from it, as from the best-effort tiers' share."""
+    Only RT takes from it, as from the best-effort tiers' share. Unlike theirs, the share is
+    never overrun: a gang larger than it is not let in by it, nor kept by it (on 16 GPUs an
+    8-GPU gang kept so held HP's work off half the cluster)."""
     if for_rt or not running.promoted:
         return False
-    return held_by_promoted - running.gpus < promoted_share_gpus(total_gpus)
+    return held_by_promoted <= promoted_share_gpus(total_gpus)
 
 
 def share_protects(running: Standing, *, for_rt: bool, held_by_lower: int, total_gpus: int) -> bool:

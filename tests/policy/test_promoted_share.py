@@ -46,10 +46,11 @@ OLD_HP = job(submitted=0.5, job_id=0)  # HP's own, submitted before it
         (heads(NEW_HP, OLD_SP), 1, 2, "own"),  # the share is full: behind the tier's own
         (heads(NEW_HP, OLD_SP), 0, 1, "own"),  # one GPU: no share
         (heads(None, OLD_SP), 1, 2, "promoted"),  # nothing else waits
+        (heads(NEW_HP, job(submitted=1.0, job_id=1, promoted=True, gpus=2)), 0, 2, "own"),  # larger than the share
     ],
 )
 def test_a_free_gpu_takes_a_promoted_job_by_its_age_within_the_share(waiting, held, total, takes):
-    best = pick_next(waiting, held_by_lower=0, total_gpus=total, free_gpus=1, held_by_promoted=held)
+    best = pick_next(waiting, held_by_lower=0, total_gpus=total, free_gpus=2, held_by_promoted=held)
     assert best == (N + HP.rank if takes == "promoted" else HP.rank)
 
 
