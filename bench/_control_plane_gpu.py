@@ -45,10 +45,10 @@ def light_runtime(hostname: str, gpu_index: int, reader, dilation: float = 1.0) 
     its telemetry are refreshed that many times less often."""
     runtime = Runtime(WorkerIdentity(hostname=hostname, gpu_index=gpu_index, simulated=True))
     # functools.cached_property keeps its value in the instance's __dict__
-    runtime.__dict__["boundary_reader"] = reader
+    runtime.threads.__dict__["boundary_reader"] = reader
     if dilation != 1.0:
-        runtime.tiers.ttl_s *= dilation
-        runtime.__dict__["publisher"] = Publisher(client(), min_interval_s=dilation)
+        runtime.stores.tiers.ttl_s *= dilation
+        runtime.threads.__dict__["publisher"] = Publisher(client(), min_interval_s=dilation)
     return runtime
 
 
@@ -153,7 +153,7 @@ class SimGpu:
         assert run is not None and record is not None and self.job is not None
         ended = time.perf_counter()
         record.compute_end, record.used_ms, record.steps = ended, (ended - self.slice_began) * 1000, 1
-        self.runtime.publisher.maybe_publish(self.runtime.probe.sample(include_slow=False))
+        self.runtime.threads.publisher.maybe_publish(self.runtime.threads.probe.sample(include_slow=False))
         try:
             decision = run.boundary.decide(False, False, record.used_ms).decision
         except LostOwnership:
@@ -201,7 +201,7 @@ class SimGpu:
     def _leave(self) -> None:
         """The task returns: acknowledged, and the GPU fetches the next message at once."""
         if self.job is not None:
-            self.runtime.interrupts.clear(self.job.id)
+            self.runtime.threads.interrupts.clear(self.job.id)
         if self.tag is not None:
             self.fleet.celery.ack(self.tag)
         self.run = self.job = self.tag = self.record = None
@@ -219,7 +219,7 @@ class SimGpu:
         self.fleet.timers.at(time.time() + self.heartbeat_every_s, "heartbeat", self.heartbeat)
         began = time.perf_counter()
         heartbeat.announce(self.fleet.redis, self.info)
-        gpu_samples.publish(self.fleet.redis, self.runtime.probe.sample(), only_if_absent=True)
+        gpu_samples.publish(self.fleet.redis, self.runtime.threads.probe.sample(), only_if_absent=True)
         self.fleet.samples.add("heartbeat", time.time(), (time.perf_counter() - began) * 1000)
 
     def renew_lease(self) -> None:

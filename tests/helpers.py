@@ -83,7 +83,7 @@ def not_free(runtime) -> None:
     from clockq.bus import free_gpus
     from clockq.bus.client import client
 
-    runtime.boundary_reader.submit(lambda: None).result(timeout=30)  # a read there may mark it
+    runtime.threads.boundary_reader.submit(lambda: None).result(timeout=30)  # a read there may mark it
     client().zrem(free_gpus.KEY, runtime.identity.hostname)
 
 

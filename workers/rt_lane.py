@@ -156,7 +156,7 @@ class Lane:
             rt_mem_mib=rt[1],
             running_mem_mib=running[1] if running is not None else None,
             running=running is not None,
-            free_mib=None if identity.simulated else self.runtime.probe.free_memory_mib(),
+            free_mib=None if identity.simulated else self.runtime.threads.probe.free_memory_mib(),
             total_mib=identity.memory_total_mib,
             free_elsewhere=0 if running is None or rt_job in self._left_elsewhere else self._free_gpus_elsewhere(),
         )
@@ -247,7 +247,7 @@ def _start_warm(**_kwargs) -> None:
     try:
         runtime = runtimes.for_worker(name)
         signals.wait_until_listening(LISTEN_WAIT_S)
-        _ = runtime.leases, runtime.boundary_reader, runtime.probe
+        _ = runtime.threads.leases, runtime.threads.boundary_reader, runtime.threads.probe
         connection.ensure_connection()
         lanes.mark_idle(client(), name)
     except Exception as exc:  # warming up is an optimisation: the first RT job does the rest

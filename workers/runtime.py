@@ -1,5 +1,14 @@
-"""What a GPU worker process keeps between tasks: its identity, its GPU probe and sampler,
-the warm-resume cache, the lease keeper and the interrupt flags. Built once per process."""
+"""What a GPU worker process keeps between tasks, built once per process (`for_worker`), in
+three parts that a part of a run takes as it needs them:
+
+- its identity (`WorkerIdentity`): its name, its GPU, whether it is an RT lane;
+- its stores (`WorkerStores`): checkpoints and results, the tier rows, the snapshot memory and
+  its persister, the warm cache, and whether the storage works;
+- its threads (`WorkerThreads`): the GPU probe and sampler, the telemetry publisher, the lease
+  keeper, the signal flags, the drain flag and the boundary's reader thread.
+
+`Runtime` holds the three, and what this worker measures of its own switches.
+"""
 
 from __future__ import annotations
 
@@ -113,7 +122,11 @@ class TierCache:
         return self._rows[tier_id]
 
 
-class Runtime:
+class WorkerStores:
+    """A worker's storage: checkpoints and results, the tier rows, the snapshot memory and its
+    persister, the warm cache; and, while its checkpoint storage fails, how long it backs off
+    and why (its degraded mark in the cluster's view)."""
+
     def __init__(self, identity: WorkerIdentity):
         self.identity = identity
         self.store = CheckpointStore(settings.CLOCKQ_CHECKPOINT_DIR)
@@ -130,32 +143,10 @@ class Runtime:
         self.warm = WarmCache(
             settings.CLOCKQ_WARM_CACHE_MB * 2**20, settings.CLOCKQ_WARM_CACHE_JOBS, before_close=self.persister.settle
         )
-        # The part of a switch on this worker that is not the jobs' own checkpoint and restore:
-        # requeue, message hop, claim. Measured as GPU idle time between two jobs' steps.
-        self.switch_overhead_ms: float | None = None
-        self.last_yield: tuple[float, float] | None = None  # (compute end, its checkpoint ms)
-        # How long the boundary's read takes on the reader thread (s, a moving average): the read
-        # starts at least twice that before the slice's end, so it is done when the GPU gets there.
-        self.boundary_read_s = 0.002
         # While its checkpoint storage fails: how long to wait before the next job, and why.
         self.storage_backoff_s = 0.0
         self.degraded_reason: str | None = None
         self.storage_probed_at = 0.0
-        self._gpus_counted: tuple[float, int] = (-1e9, 1)  # (when, live GPU workers)
-
-    def gpu_count(self) -> int:
-        """Live GPU workers in the cluster, this one included (the heartbeats, re-read at most
-        every GPU_COUNT_TTL_S): the size of the pool that the lower tiers' share is a part of,
-        as a claim judges it. (A boundary counts the GPUs it could wait for otherwise: a dead
-        worker's heartbeat outlives it; clockq/bus/free_gpus.py.)"""
-        at, count = self._gpus_counted
-        if time.monotonic() - at > GPU_COUNT_TTL_S:
-            try:
-                count = sum(w.get("gpu") is not None for w in heartbeat.live_workers())
-            except RedisError as exc:
-                log.warning("cannot count the live GPU workers (%s); keeping %d", exc, count)
-            self._gpus_counted = (time.monotonic(), max(count, 1))
-        return self._gpus_counted[1]
 
     def storage_failed(self, reason: str) -> None:
         """The checkpoint storage failed under a job (which went back to its queue, uncharged).
@@ -247,39 +238,17 @@ class Runtime:
             log.warning("could not clear the degraded mark of %s: %s", self.identity.hostname, exc)
         log.info("%s: checkpoint storage works again", self.identity.hostname)
 
-    def leave_gpu(self) -> bool:
-        """This worker's job is about to leave its GPU: mark the GPU free (clockq/bus/free_gpus.py)
-        before the write that frees it, so that no other GPU's boundary in between takes it for
-        gone and makes way for a job this one is about to claim. Whether the mark was set. An RT
-        lane marks nothing: it is no GPU another job could take."""
-        if self.identity.lane_of is not None:
-            return False
-        try:
-            free_gpus.mark_free(client(), self.identity.hostname)
-            return True
-        except RedisError as exc:
-            log.warning("could not mark %s free: %s", self.identity.hostname, exc)
-            return False
 
-    def switch_out(self, compute_end: float, checkpoint_ms: float) -> None:
-        """A job yielded its GPU to the queue: a switch is under way until the next job's first
-        step (`note_switch_in`). Its checkpoint is written after that (Persister.pause)."""
-        self.last_yield = (compute_end, checkpoint_ms)
-        self.persister.pause()
+class WorkerThreads:
+    """The threads a worker runs beside its jobs, each started on first use: the GPU probe and
+    the per-slice sampler, the telemetry publisher, the lease keeper, the signal listener's
+    flags, the drain flag, and the boundary's reader thread (with how long its read takes)."""
 
-    def note_switch_in(self, first_step_at: float, restore_ms: float) -> None:
-        """Called as a job's first step starts: if the previous task yielded, the GPU has been
-        idle since that job's last step, and the part not spent on checkpoint and restore is
-        this worker's switch overhead."""
-        self.persister.resume()  # the switch is over: the yielded job's checkpoint may be written
-        if self.last_yield is None:
-            return
-        compute_end, checkpoint_ms = self.last_yield
-        self.last_yield = None
-        gap_ms = (first_step_at - compute_end) * 1000
-        if gap_ms < 2000:  # longer means the GPU sat idle, not switching
-            overhead = max(gap_ms - checkpoint_ms - restore_ms, 0.0)
-            self.switch_overhead_ms = switch_cost_ewma(self.switch_overhead_ms, overhead)
+    def __init__(self, identity: WorkerIdentity):
+        self.identity = identity
+        # How long the boundary's read takes on the reader thread (s, a moving average): the read
+        # starts at least twice that before the slice's end, so it is done when the GPU gets there.
+        self.boundary_read_s = 0.002
 
     @cached_property
     def probe(self) -> NvmlProbe | SimulatedProbe:
@@ -317,6 +286,74 @@ class Runtime:
         """Tell a simulated GPU what the running workload declares (real GPUs measure it)."""
         if isinstance(self.probe, SimulatedProbe):
             self.probe.set_load(workload.declared_gpu_util() if workload is not None else None)
+
+
+class Runtime:
+    """A GPU worker process's identity, stores and threads, and what it measures of its own
+    switches (the part of a switch that is not the jobs' own checkpoint and restore)."""
+
+    def __init__(self, identity: WorkerIdentity):
+        self.identity = identity
+        self.stores = WorkerStores(identity)
+        self.threads = WorkerThreads(identity)
+        # The part of a switch on this worker that is not the jobs' own checkpoint and restore:
+        # requeue, message hop, claim. Measured as GPU idle time between two jobs' steps.
+        self.switch_overhead_ms: float | None = None
+        self.last_yield: tuple[float, float] | None = None  # (compute end, its checkpoint ms)
+        self._gpus_counted: tuple[float, int] = (-1e9, 1)  # (when, live GPU workers)
+
+    @property
+    def persister(self) -> Persister:
+        """The stores' persister (what a stopping worker, or a test's teardown, flushes)."""
+        return self.stores.persister
+
+    def gpu_count(self) -> int:
+        """Live GPU workers in the cluster, this one included (the heartbeats, re-read at most
+        every GPU_COUNT_TTL_S): the size of the pool that the lower tiers' share is a part of,
+        as a claim judges it. (A boundary counts the GPUs it could wait for otherwise: a dead
+        worker's heartbeat outlives it; clockq/bus/free_gpus.py.)"""
+        at, count = self._gpus_counted
+        if time.monotonic() - at > GPU_COUNT_TTL_S:
+            try:
+                count = sum(w.get("gpu") is not None for w in heartbeat.live_workers())
+            except RedisError as exc:
+                log.warning("cannot count the live GPU workers (%s); keeping %d", exc, count)
+            self._gpus_counted = (time.monotonic(), max(count, 1))
+        return self._gpus_counted[1]
+
+    def leave_gpu(self) -> bool:
+        """This worker's job is about to leave its GPU: mark the GPU free (clockq/bus/free_gpus.py)
+        before the write that frees it, so that no other GPU's boundary in between takes it for
+        gone and makes way for a job this one is about to claim. Whether the mark was set. An RT
+        lane marks nothing: it is no GPU another job could take."""
+        if self.identity.lane_of is not None:
+            return False
+        try:
+            free_gpus.mark_free(client(), self.identity.hostname)
+            return True
+        except RedisError as exc:
+            log.warning("could not mark %s free: %s", self.identity.hostname, exc)
+            return False
+
+    def switch_out(self, compute_end: float, checkpoint_ms: float) -> None:
+        """A job yielded its GPU to the queue: a switch is under way until the next job's first
+        step (`note_switch_in`). Its checkpoint is written after that (Persister.pause)."""
+        self.last_yield = (compute_end, checkpoint_ms)
+        self.stores.persister.pause()
+
+    def note_switch_in(self, first_step_at: float, restore_ms: float) -> None:
+        """Called as a job's first step starts: if the previous task yielded, the GPU has been
+        idle since that job's last step, and the part not spent on checkpoint and restore is
+        this worker's switch overhead."""
+        self.stores.persister.resume()  # the switch is over: the yielded job's checkpoint may be written
+        if self.last_yield is None:
+            return
+        compute_end, checkpoint_ms = self.last_yield
+        self.last_yield = None
+        gap_ms = (first_step_at - compute_end) * 1000
+        if gap_ms < 2000:  # longer means the GPU sat idle, not switching
+            overhead = max(gap_ms - checkpoint_ms - restore_ms, 0.0)
+            self.switch_overhead_ms = switch_cost_ewma(self.switch_overhead_ms, overhead)
 
     @staticmethod
     def shutting_down() -> bool:

@@ -35,7 +35,7 @@ from workers.run.errors import LostOwnership, SliceFailed, workload_errors
 from workers.run.failures import SliceFailures, StorageFollowsJob
 from workers.run.metrics_recorder import MetricsRecorder
 from workers.run.outcome import RunOutcome
-from workers.run.pause import wait_while_lent
+from workers.run.pause import PauseWatch, wait_while_lent
 from workers.run.restore import Restore, close_workload
 from workers.run.result_writer import ResultWriter, succeeded_fields
 from workers.run.slice_writes import SliceWrites
@@ -63,11 +63,11 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
     GPU after it (`_hand_over`). The outcome is the first run's."""
     # Listen before claiming, so that no signal sent once the job is running is missed.
     signals.wait_until_listening(LISTEN_TIMEOUT_S)
-    if runtime.drain.drained():
+    if runtime.threads.drain.drained():
         # Drained a moment ago, and the main process still took a message: it goes back to its
         # queue for a GPU that is not drained (workers/drain.py).
         give_back(job_id, token, runtime)
-        runtime.drain.ask_main_process()
+        runtime.threads.drain.ask_main_process()
         return RunOutcome.DRAINED
     lane = Lane.of(runtime)  # this worker is a GPU's standby RT lane (workers/rt_lane.py)
     if lane is None:
@@ -86,9 +86,9 @@ def run_dispatch(job_id: int, token: str, runtime: Runtime) -> RunOutcome:
         summary.log_run(job.id, outcome)
         if runtime.shutting_down():
             # A stopping worker writes what it snapshotted before it exits.
-            runtime.persister.flush()
+            runtime.stores.persister.flush()
         if outcome == RunOutcome.STORAGE_FAULT:
-            runtime.back_off()
+            runtime.stores.back_off()
         # A GPU's RT lane takes only the RT jobs its messages wake it for (workers/rt_lane.py).
         job = _hand_over(run, outcome, runtime) if lane is None else None
     return outcomes[0]
@@ -99,7 +99,7 @@ def _hand_over(run: JobRun, outcome: RunOutcome, runtime: Runtime) -> ClaimedJob
     of the yielding job's own tier, that job (`claim.take_handed_over`); after a run that ended
     well, the order's next job if this worker holds it warm (`claim.take_warm_next`). Not while
     the GPU's lane has it for an RT job (`wait_while_lent`, as before a claim from a message)."""
-    if outcome not in _FREES_GPU or runtime.shutting_down() or runtime.drain.drained():
+    if outcome not in _FREES_GPU or runtime.shutting_down() or runtime.threads.drain.drained():
         return None
     wait_while_lent(runtime, left_for_lane=run.state.left_for_lane)
     to = run.state.made_way_to
@@ -125,30 +125,44 @@ class JobRun:
         self.runtime = runtime
         self.token = job.dispatch_token
         self.state = RunState.of(job)  # this claim's own: written here only
-        self.tiers = RunTiers.of(job, runtime.tiers)
-        self.checkpoints = Checkpointer(job, runtime)
+        self.tiers = RunTiers.of(job, runtime.stores.tiers)
+        self.checkpoints = Checkpointer(job, runtime.stores)
         self.boundary = SliceBoundary(job, runtime, tiers=self.tiers, checkpoints=self.checkpoints, state=self.state)
         self.metrics = MetricsRecorder(job.id)
-        self.steps = StepLoop(job, runtime, tiers=self.tiers, boundary=self.boundary, metrics=self.metrics)
-        self.results = ResultWriter(job.id, runtime)
+        self.steps = StepLoop(
+            job,
+            runtime.threads,
+            tiers=self.tiers,
+            boundary=self.boundary,
+            metrics=self.metrics,
+            pauses=PauseWatch(runtime, job.id),
+        )
+        self.results = ResultWriter(job.id, runtime.stores)
         self.writes = SliceWrites(
-            job, runtime, tiers=self.tiers, checkpoints=self.checkpoints, state=self.state, metrics=self.metrics
+            job,
+            runtime.identity,
+            counter_writer=runtime.threads.boundary_reader,
+            tiers=self.tiers,
+            checkpoints=self.checkpoints,
+            state=self.state,
+            metrics=self.metrics,
         )
         self.restore = Restore(
             job,
-            runtime,
+            runtime.identity,
+            runtime.stores,
             checkpoints=self.checkpoints,
             metrics=self.metrics,
             urgent_takes_gpu=self.boundary.urgent_takes_gpu,
             note=self.writes.note,
         )
         self.failures = SliceFailures(
-            job.id, runtime, checkpoints=self.checkpoints, writes=self.writes, roll_back=self._roll_back
+            job.id, runtime.stores, checkpoints=self.checkpoints, writes=self.writes, roll_back=self._roll_back
         )
 
     def run(self) -> RunOutcome:
         """Restore the workload, then slice after slice: step it, and decide at the boundary."""
-        self.runtime.leases.hold(self.job_id, self.token)
+        self.runtime.threads.leases.hold(self.job_id, self.token)
         record = self.steps.plan(self.state.util_ewma)
         if self.job.storage_faults >= settings.CLOCKQ_JOB_STORAGE_FAULTS:
             # Counted in the background (a persist after it left a GPU): it fails here, unrun.
@@ -171,7 +185,7 @@ class JobRun:
             record.restore_ms = (time.perf_counter() - t0) * 1000
             self.state.restore_ms = record.restore_ms if self.job.checkpoint_files else 0.0
             self.checkpoints.reserve_memory()
-            self.runtime.probe_load(workload)
+            self.runtime.threads.probe_load(workload)
             self.runtime.note_switch_in(time.perf_counter(), record.restore_ms)
             while True:
                 done = self.state.finish_pending or self._run_slice(workload, record)
@@ -192,17 +206,17 @@ class JobRun:
             return self.failures.fail_at_once(exc, record)
         finally:
             self.checkpoints.discard_snapshot()  # taken but never named: the run ended before its update
-            self.runtime.leases.release()
-            self.runtime.probe_load(None)
-            self.runtime.interrupts.clear(self.job_id)
+            self.runtime.threads.leases.release()
+            self.runtime.threads.probe_load(None)
+            self.runtime.threads.interrupts.clear(self.job_id)
             if workload is not None:
                 if keep_warm and self.checkpoints.files:
                     curves = self.metrics.curves
-                    self.runtime.warm.put(
+                    self.runtime.stores.warm.put(
                         self.job_id, self.checkpoints.files[0], workload, self.checkpoints.nbytes, curves
                     )
                 else:
-                    self.runtime.warm.drop(self.job_id)
+                    self.runtime.stores.warm.drop(self.job_id)
                     close_workload(workload, self.job_id)
 
     def _run_slice(self, workload: Workload, record: SliceRecord) -> bool:

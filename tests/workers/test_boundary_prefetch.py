@@ -60,7 +60,7 @@ def reads(monkeypatch):
 def _runtime(job: Job) -> Runtime:
     runtime = Runtime(WorkerIdentity("gpu0@test", 0))
     assert signals.wait_until_listening(5)
-    runtime.interrupts.clear(job.pk)  # flags left by earlier tests (job ids are reused) would cut a slice short
+    runtime.threads.interrupts.clear(job.pk)  # flags left by earlier tests (job ids are reused) would cut a slice short
     return runtime
 
 
@@ -87,7 +87,7 @@ def test_a_hold_asked_for_after_that_read_is_still_honoured(alice, operator, rea
         services.hold_job(Job.objects.get(pk=run.job_id), actor="op")
         # ...and its signal reaches the worker before the boundary, as it would in a real slice.
         wait_for(
-            lambda: run.runtime.interrupts.poked(run.job_id),
+            lambda: run.runtime.threads.interrupts.poked(run.job_id),
             30,
             what="the hold's signal",
         )
@@ -148,7 +148,7 @@ def test_the_counters_are_written_on_the_reader_thread_after_the_commit(alice, m
 
     assert run_dispatch(job.pk, job.dispatch_token, runtime) == RunOutcome.YIELDED
 
-    runtime.boundary_reader.submit(lambda: None).result(timeout=10)  # what was queued before is done
+    runtime.threads.boundary_reader.submit(lambda: None).result(timeout=10)  # what was queued before is done
     assert len(threads) == 2  # the first start, then the yielded slice
     assert all(name.startswith("clockq-boundary") for name in threads), threads
     assert counters.read_counters().slices[("SP", "yielded")] == 1

@@ -36,7 +36,9 @@ def test_a_lane_signal_that_names_a_request_not_in_the_key_does_not_pause_the_jo
     # request in Redis
     runtime = _runtime()
     stale = lanes.PauseRequest(rt_job=7, lane=LANE, mode=lanes.MODE_PAUSE, target=None)
-    runtime.interrupts.handle(json.dumps({"kind": "lane", "worker": MAIN, "request": json.dumps(asdict(stale))}))
+    runtime.threads.interrupts.handle(
+        json.dumps({"kind": "lane", "worker": MAIN, "request": json.dumps(asdict(stale))})
+    )
     # When the running job looks at its next step, then nothing asks it to pause
     assert PauseWatch(runtime, job_id=3).asked() is None
 
@@ -50,12 +52,12 @@ def test_a_pause_request_reaches_the_running_job_once_the_lane_signals_it(lanes_
     assert watch.asked() is None
     # When the lane asks as it does (the key, then the signal)
     lanes.request_pause(client(), MAIN, request)
-    wait_for(lambda: runtime.interrupts.lane_hinted(MAIN), 5, what="the lane's signal")
+    wait_for(lambda: runtime.threads.interrupts.lane_hinted(MAIN), 5, what="the lane's signal")
     # Then the job's next step reads the key, and answers the request once
     assert watch.asked() == request
     watch.handled.add(request.rt_job)
     lanes.request_pause(client(), MAIN, request)  # announced again: still the same request
-    wait_for(lambda: runtime.interrupts.lane_hinted(MAIN), 5, what="the lane's signal")
+    wait_for(lambda: runtime.threads.interrupts.lane_hinted(MAIN), 5, what="the lane's signal")
     assert watch.asked() is None
 
 
@@ -64,7 +66,7 @@ def test_a_paused_job_resumes_when_the_lane_releases_its_request(lanes_on):
     runtime = _runtime()
     request = lanes.PauseRequest(rt_job=9, lane=LANE, mode=lanes.MODE_PAUSE, target=None)
     lanes.request_pause(client(), MAIN, request)
-    wait_for(lambda: runtime.interrupts.lane_hinted(MAIN), 5, what="the lane's signal")
+    wait_for(lambda: runtime.threads.interrupts.lane_hinted(MAIN), 5, what="the lane's signal")
     watch = PauseWatch(runtime, job_id=4)
     asked = watch.asked()
     assert asked == request
@@ -83,7 +85,7 @@ def test_a_worker_whose_last_job_left_for_the_lane_claims_once_the_rt_job_ends(l
     runtime = _runtime()
     request = lanes.PauseRequest(rt_job=10, lane=LANE, mode=lanes.MODE_CHECKPOINT, target=5)
     lanes.request_pause(client(), MAIN, request)
-    wait_for(lambda: runtime.interrupts.lane_hinted(MAIN), 5, what="the lane's signal")
+    wait_for(lambda: runtime.threads.interrupts.lane_hinted(MAIN), 5, what="the lane's signal")
     assert PauseWatch(runtime, job_id=5).asked() == request  # the job leaves through a checkpoint
     released = threading.Timer(0.2, lanes.release, args=(client(), MAIN, request.rt_job))
     released.start()

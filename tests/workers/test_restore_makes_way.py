@@ -59,7 +59,7 @@ def rt_job_arrives(owner, runtime: Runtime | None = None) -> Job:
     have it arrive once the worker holds its job."""
     rt = submit(owner, "RT", "urgent", steps=1)
     if runtime is not None:
-        runtime.interrupts.heard_urgent(0)
+        runtime.threads.interrupts.heard_urgent(0)
     return rt
 
 
@@ -176,7 +176,7 @@ def test_a_restore_goes_on_at_the_cost_of_one_broker_read_when_a_free_gpu_took_t
     assert not after.events.filter(reason__contains="during its restore").exists()
     assert after.events.filter(reason__contains="restored generation 1").exists()
     assert after.slices.order_by("-id").first().steps > 0
-    assert not here.interrupts.urgent.is_set()  # looked at, and answered
+    assert not here.threads.interrupts.urgent.is_set()  # looked at, and answered
 
 
 def test_an_rt_job_does_not_wait_for_a_command_jobs_program_to_start(operator, monkeypatch):

@@ -42,7 +42,7 @@ def test_a_gpu_that_left_its_job_and_took_nothing_stops_counting_as_free(alice, 
     def rt_arrives():
         free_gpus.mark_free(client(), "gpu9@gone")
         arrived.append(submit(alice, "RT", "inference", steps=1))
-        here.interrupts.heard_urgent(0)
+        here.threads.interrupts.heard_urgent(0)
 
     # When an RT job arrives, the busy job's look counts that GPU free and goes on; it looks
     # again once the GPU no longer counts, finds the RT job still waiting, and makes way
@@ -67,7 +67,7 @@ def test_a_database_fault_during_a_look_is_not_the_jobs_failure(alice, long_sp_s
 
     monkeypatch.setattr(order, "make_way", faulty)
 
-    with after_the_restore(lambda: (submit(alice, "RT", "inference", steps=1), here.interrupts.heard_urgent(0))):
+    with after_the_restore(lambda: (submit(alice, "RT", "inference", steps=1), here.threads.interrupts.heard_urgent(0))):
         outcome = run_dispatch(busy.pk, busy.dispatch_token, here)
 
     # The look went on; the job was not charged, and finished its work

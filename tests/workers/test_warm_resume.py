@@ -156,4 +156,4 @@ def test_a_job_that_leaves_to_give_an_rt_job_its_memory_is_not_kept_warm(alice, 
     job = Job.objects.get(pk=job.pk)
     assert job.state == "queued" and job.checkpoint_generation == 1
     assert job.events.filter(reason__contains=f"RT job #{rt.pk} in this GPU's RT lane").exists()
-    assert job.pk not in here.warm
+    assert job.pk not in here.stores.warm

@@ -109,7 +109,7 @@ class SliceBoundary:
         """Start the boundary's read on the reader thread, once a slice: the step loop calls this
         during what are likely the slice's last steps, so the GPU does not wait for it after them."""
         if self.prefetch is None:
-            self.prefetch = self.runtime.boundary_reader.submit(self._prefetch_boundary)
+            self.prefetch = self.runtime.threads.boundary_reader.submit(self._prefetch_boundary)
 
     def interrupted(self, serving_ms: float) -> bool:
         """At a step (or during a restore): whether an urgent job takes this GPU now. Almost
@@ -117,7 +117,7 @@ class SliceBoundary:
         then this is the boundary's own read and question (`_look`), `serving_ms` being the
         slice's service so far. True only if the order names a waiting job to make way for now;
         the boundary then decides from that read. Otherwise the slice goes on as it was."""
-        rank = self.runtime.interrupts.take_urgent()
+        rank = self.runtime.threads.interrupts.take_urgent()
         if self.in_lane:
             return False
         relook = False
@@ -157,9 +157,9 @@ class SliceBoundary:
         row = read.row
         if row is None or row["state"] != JobState.RUNNING or row["dispatch_token"] != self.token:
             raise LostOwnership(f"job is now {row['state'] if row else 'deleted'}")
-        self.runtime.interrupts.clear(self.job_id)
+        self.runtime.threads.interrupts.clear(self.job_id)
         if row["tier_id"] != self.tiers.current.id:  # moved by an operator while running
-            self.tiers.current = self.runtime.tiers.get(row["tier_id"])
+            self.tiers.current = self.runtime.stores.tiers.get(row["tier_id"])
         self.tiers.serve(used_ms, order.ladder())  # a promoted job served enough goes home
         boundary = Boundary(
             done=done,
@@ -169,7 +169,7 @@ class SliceBoundary:
             past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
             shutting_down=self.runtime.shutting_down(),
             cut_short=cut_short,
-            checkpoints_failing=not done and self.runtime.checkpoints_failing(self.checkpoints.nbytes),
+            checkpoints_failing=not done and self.runtime.stores.checkpoints_failing(self.checkpoints.nbytes),
         )
         decision = decide_at_boundary(boundary)
         for_the_order = boundary.pending_action == PendingAction.NONE and not boundary.shutting_down
@@ -287,10 +287,12 @@ class SliceBoundary:
         try:
             began = time.perf_counter()
             read = self._read_boundary(done=False, cut_short=False)
-            self.runtime.boundary_read_s = ewma(self.runtime.boundary_read_s, time.perf_counter() - began)
+            self.runtime.threads.boundary_read_s = ewma(
+                self.runtime.threads.boundary_read_s, time.perf_counter() - began
+            )
             if read.mine is not None:
                 name = self.checkpoints.next_name()
-                if self.runtime.persister.mark(self.job_id, name):
+                if self.runtime.stores.persister.mark(self.job_id, name):
                     read = replace(read, marked=(name, time.monotonic()))
                 read = replace(read, freed_ahead=self.runtime.leave_gpu())
             return read
@@ -314,7 +316,7 @@ class SliceBoundary:
             read = prefetch.result(timeout=PREFETCH_WAIT_S)
         except Exception:  # it failed, or hangs: a fresh read
             return None
-        if self.runtime.interrupts.pending(self.job_id):
+        if self.runtime.threads.interrupts.pending(self.job_id):
             return None
         if read.row is None or read.row["state"] != JobState.RUNNING or read.row["dispatch_token"] != self.token:
             return None  # the job is not ours any more: a decision that grave is made on a fresh read

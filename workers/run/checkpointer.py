@@ -26,18 +26,18 @@ from clockq.jobs.checkpoints import (
 from workers.persister import POPULATE_FROM_BYTES, Persist, Snapshot
 from workers.run.claim import ClaimedJob
 from workers.run.errors import workload_errors
-from workers.runtime import Runtime
+from workers.runtime import WorkerStores
 from workers.workloads.base import Workload
 
 
 class Checkpointer:
     """The newest checkpoint this claim has named, and the last one the database holds."""
 
-    def __init__(self, job: ClaimedJob, runtime: Runtime):
+    def __init__(self, job: ClaimedJob, stores: WorkerStores):
         self.job = job
         self.job_id = job.id
         self.token = job.dispatch_token
-        self.runtime = runtime
+        self.stores = stores
         self.generation = job.checkpoint_generation
         self.files: list[str] = list(job.checkpoint_files or [])  # restore candidates, newest first
         self.nbytes = job.checkpoint_bytes  # size of the newest checkpoint
@@ -56,13 +56,13 @@ class Checkpointer:
         every = settings.CLOCKQ_CHECKPOINT_EVERY_S
         due = bool(every) and time.monotonic() - self.last_at >= every
         # While checkpoints cannot be written the job keeps its work on the GPU, not on a disk.
-        return due and not self.runtime.checkpoints_failing(self.nbytes)
+        return due and not self.stores.checkpoints_failing(self.nbytes)
 
     def reserve_memory(self) -> None:
         """A job with a big state gets a snapshot buffer made ready while it runs, in the
         background, so that an RT job preempting it does not wait for the memory to be mapped."""
         nbytes = self.nbytes or workloads.declared_state_bytes(self.job.workload, self.job.params)
-        snapshots = self.runtime.snapshots
+        snapshots = self.stores.snapshots
         if nbytes >= POPULATE_FROM_BYTES and not snapshots.ready_for(nbytes):  # no thread per claim
             threading.Thread(target=snapshots.reserve, args=(nbytes,), name="clockq-reserve", daemon=True).start()
 
@@ -86,17 +86,17 @@ class Checkpointer:
             # The state grew (or this is the first checkpoint): does the owner have room for it?
             quotas.check_checkpoint(self.job_id, self.job.owner_id, nbytes)
         name = self.next_name()
-        persister = self.runtime.persister
+        persister = self.stores.persister
         # After a failed persist, write the next one at once, so the storage is tried again now.
-        snapshot = None if persister.take_failure(self.job_id) else self.runtime.snapshots.take(state, background=park)
+        snapshot = None if persister.take_failure(self.job_id) else self.stores.snapshots.take(state, background=park)
         if snapshot is not None and not _marked_ahead(marked_ahead, name) and not persister.mark(self.job_id, name):
-            self.runtime.snapshots.release(snapshot)  # a claim elsewhere could not tell it is coming
+            self.stores.snapshots.release(snapshot)  # a claim elsewhere could not tell it is coming
             snapshot = None
         if snapshot is None:
             # Over the snapshot memory bound, or the previous persist failed, or no mark: write it
             # now. Outside workload_errors: a storage failure raises StorageError, not the job's.
-            self.runtime.store.write(self.job_id, name, state)
-            self.runtime.storage_works()
+            self.stores.store.write(self.job_id, name, state)
+            self.stores.storage_works()
         self.unpersisted = (name, snapshot) if snapshot is not None else None
         took_ms = (time.perf_counter() - t0) * 1000
         self.generation += 1
@@ -119,9 +119,9 @@ class Checkpointer:
         unpersisted, self.unpersisted = self.unpersisted, None
         if unpersisted is not None:
             name, snapshot = unpersisted
-            self.runtime.persister.submit(Persist(self.job_id, name, snapshot, tuple(self.files)))
+            self.stores.persister.submit(Persist(self.job_id, name, snapshot, tuple(self.files)))
         else:
-            self.runtime.store.prune(self.job_id, self.files)
+            self.stores.store.prune(self.job_id, self.files)
 
     def keep(self, progress: float) -> None:
         """The newest checkpoint, at `progress`, is now the last good one the database holds."""
@@ -133,8 +133,8 @@ class Checkpointer:
         unpersisted, self.unpersisted = self.unpersisted, None
         if unpersisted is not None:
             name, snapshot = unpersisted
-            self.runtime.snapshots.release(snapshot)
-            self.runtime.persister.unmark(self.job_id, name)
+            self.stores.snapshots.release(snapshot)
+            self.stores.persister.unmark(self.job_id, name)
 
     def fall_back(self, kept: list[str]) -> None:
         """The restore found the newest checkpoints unusable: the job now names only `kept`."""

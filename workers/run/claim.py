@@ -105,7 +105,7 @@ def claim_job(job_id: int, token: str, runtime: Runtime) -> ClaimedJob | None:
             # The message's own job is still queued and needs its wake-up back. Not announced
             # again: its dispatch was, and the claim of an urgent job announces the urgent jobs
             # still waiting (`_announce_urgent_left`).
-            _send_again(job_id, token, runtime.tiers.get(row["tier_id"]).queue_name)
+            _send_again(job_id, token, runtime.stores.tiers.get(row["tier_id"]).queue_name)
             return claimed
         # Another worker took it first, or it ended or stayed queued at its claim: take ours.
         row = _queued_row(job_id, token)
@@ -127,8 +127,8 @@ def take_handed_over(to: order.Waiting, runtime: Runtime, *, best: order.Waiting
     claimed = _claim_row(row, runtime) if row is not None else None
     if claimed is None:
         return None
-    queue = runtime.tiers.get(row["tier_id"]).queue_name  # type: ignore[index]
-    runtime.boundary_reader.submit(_withdraw_wake_up, claimed.id, claimed.dispatch_token, queue)
+    queue = runtime.stores.tiers.get(row["tier_id"]).queue_name  # type: ignore[index]
+    runtime.threads.boundary_reader.submit(_withdraw_wake_up, claimed.id, claimed.dispatch_token, queue)
     log.debug("job %s: handed over on %s", claimed.id, runtime.identity.hostname)
     return claimed
 
@@ -138,10 +138,10 @@ def take_warm_next(runtime: Runtime) -> ClaimedJob | None:
     (`order.next_for_gpu`) is one this worker holds warm (workers/warm_cache.py), claim it here
     at once, as a hand-over does. Another GPU that took its message leaves it to this one for a
     bounded time (`_leave_to_warm_worker`), and cannot wake this one meanwhile. None if not."""
-    if not len(runtime.warm):
+    if not len(runtime.stores.warm):
         return None
     best = order.next_for_gpu(runtime.gpu_count())
-    if best is None or best.standing.job_id not in runtime.warm:
+    if best is None or best.standing.job_id not in runtime.stores.warm:
         return None
     return take_handed_over(best, runtime, best=best)
 
@@ -177,7 +177,7 @@ def give_back(job_id: int, token: str, runtime: Runtime) -> None:
     """Put a message this worker will not act on back in its queue, if its job still waits on it."""
     row = _queued_row(job_id, token)
     if row is not None:
-        _send_again(job_id, token, runtime.tiers.get(row["tier_id"]).queue_name)
+        _send_again(job_id, token, runtime.stores.tiers.get(row["tier_id"]).queue_name)
 
 
 def _queued_row(job_id: int, token: str) -> dict[str, Any] | None:
@@ -213,7 +213,7 @@ def _claim_row(row: dict[str, Any], runtime: Runtime) -> ClaimedJob | None:
     first_start: dict[str, Any] = {}
     if row["first_started_at"] is None:
         # Its first start: judged against its own tier's service levels, as the SLO check does.
-        home = runtime.tiers.get(row["original_tier_id"])
+        home = runtime.stores.tiers.get(row["original_tier_id"])
         first_wait_ms = max(int((now - row["submitted_at"]).total_seconds() * 1000), 0)
         verdict = judge_wait(first_wait_ms, target_ms=home.wait_target_ms, start_timeout_ms=home.start_timeout_ms)
         if verdict == WaitVerdict.TIMED_OUT:
@@ -254,10 +254,12 @@ def _claim_row(row: dict[str, Any], runtime: Runtime) -> ClaimedJob | None:
     )
     if changed is None:
         return None
-    if ordering.interrupts(runtime.tiers.get(row["tier_id"]).rank):
-        runtime.boundary_reader.submit(_announce_urgent_left)
+    if ordering.interrupts(runtime.stores.tiers.get(row["tier_id"]).rank):
+        runtime.threads.boundary_reader.submit(_announce_urgent_left)
     if first_start:
-        counters.count_first_start(tier=home.code, wait_ms=first_start["first_wait_ms"], writer=runtime.boundary_reader)
+        counters.count_first_start(
+            tier=home.code, wait_ms=first_start["first_wait_ms"], writer=runtime.threads.boundary_reader
+        )
     return ClaimedJob(**{name: row[name] for name in ClaimedJob.FIELDS})
 
 
@@ -280,7 +282,7 @@ def _fits(job_id: int, token: str, need_mib: int | None, runtime: Runtime) -> bo
     grace period, so another GPU (or this one, once free) can take it."""
     if not need_mib:
         return True
-    free = runtime.probe.free_memory_mib()
+    free = runtime.threads.probe.free_memory_mib()
     if free is None or free >= need_mib:
         return True
     note = f"needs {need_mib} MiB of GPU memory; {runtime.identity.hostname} had {free} MiB free"

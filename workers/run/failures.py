@@ -26,7 +26,7 @@ from workers.run.errors import LostOwnership
 from workers.run.outcome import RunOutcome
 from workers.run.slice_writes import SliceWrites
 from workers.run.steps import SliceRecord
-from workers.runtime import Runtime
+from workers.runtime import WorkerStores
 
 log = logging.getLogger("clockq.slices")
 
@@ -48,14 +48,14 @@ class SliceFailures:
     def __init__(
         self,
         job_id: int,
-        runtime: Runtime,
+        stores: WorkerStores,
         *,
         checkpoints: Checkpointer,
         writes: SliceWrites,
         roll_back: Callable[[], None],
     ):
         self.job_id = job_id
-        self.runtime = runtime
+        self.stores = stores
         self.checkpoints = checkpoints
         self.writes = writes
         self.roll_back = roll_back
@@ -103,7 +103,7 @@ class SliceFailures:
         marked degraded for it."""
         log.warning("job %s: %s", self.job_id, exc)
         self.roll_back()
-        counted = self.runtime.count_storage_fault(self.job_id)
+        counted = self.stores.count_storage_fault(self.job_id)
         store_works = counted is not None
         faults = counted or 0
         limit = settings.CLOCKQ_JOB_STORAGE_FAULTS
@@ -141,7 +141,7 @@ class SliceFailures:
         except LostOwnership:
             return RunOutcome.LOST_OWNERSHIP
         if not the_jobs:
-            self.runtime.storage_failed(str(exc))
+            self.stores.storage_failed(str(exc))
         return outcome
 
     def fail_at_once(self, exc: Exception, record: SliceRecord) -> RunOutcome:

@@ -58,7 +58,7 @@ class PauseWatch:
     def asked(self) -> lanes.PauseRequest | None:
         """The lane's request that this job answers now, if any. Called at every step: a set
         lookup, unless the lane's key changed since this worker last read it."""
-        if not self.on or not self.runtime.interrupts.take_lane_hint(self.me):
+        if not self.on or not self.runtime.threads.interrupts.take_lane_hint(self.me):
             return None
         try:
             request = lanes.pause_request(client(), self.me)
@@ -76,7 +76,7 @@ class PauseWatch:
             return PauseEnd(0.0, leave=_made_way(request, "which does not fit beside it in GPU memory"))
         began = time.monotonic()
         how, leave = "resumed", None
-        interrupts = self.runtime.interrupts
+        interrupts = self.runtime.threads.interrupts
         # The hints heard while paused are left for the next step's `asked`: a request that
         # replaces this one is answered there.
         while True:
@@ -138,7 +138,7 @@ def wait_while_lent(runtime: Runtime, *, left_for_lane: bool = False) -> None:
     at a change; otherwise none can stand, and the claim costs no read."""
     if not settings.CLOCKQ_RT_LANE or runtime.identity.lane_of is not None:
         return
-    me, interrupts = runtime.identity.hostname, runtime.interrupts
+    me, interrupts = runtime.identity.hostname, runtime.threads.interrupts
     if not left_for_lane and not interrupts.lane_hinted(me):
         return
     try:

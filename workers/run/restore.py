@@ -24,7 +24,7 @@ from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob
 from workers.run.errors import LostOwnership, workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
-from workers.runtime import Runtime
+from workers.runtime import WorkerIdentity, WorkerStores
 from workers.storage_watch import JobStorage
 from workers.workloads import registry
 from workers.workloads.base import RunContext, Workload
@@ -38,7 +38,8 @@ class Restore:
     def __init__(
         self,
         job: ClaimedJob,
-        runtime: Runtime,
+        identity: WorkerIdentity,
+        stores: WorkerStores,
         *,
         checkpoints: Checkpointer,
         metrics: MetricsRecorder,
@@ -48,7 +49,8 @@ class Restore:
         self.job = job
         self.job_id = job.id
         self.token = job.dispatch_token
-        self.runtime = runtime
+        self.identity = identity
+        self.stores = stores
         self.checkpoints = checkpoints
         self.metrics = metrics
         self.urgent_takes_gpu = urgent_takes_gpu
@@ -58,24 +60,24 @@ class Restore:
         """The job's workload, at the checkpoint the database names (or the newest good one)."""
         files = self.checkpoints.files
         current = files[0] if files else None
-        warm = self.runtime.warm.take(self.job_id, current) if current else None
+        warm = self.stores.warm.take(self.job_id, current) if current else None
         if warm is not None:
             # The same job came back to this worker, still at the checkpoint it left, with the
             # curves saved with that checkpoint. Its snapshot may still be copied out of it.
-            self.runtime.persister.settle(self.job_id)
+            self.stores.persister.settle(self.job_id)
             self.metrics.adopt(warm.curves)
             return warm.workload
         # A cold restore: the workload's setup (a framework import, a model build, its memory)
         # and the checkpoint's read can take seconds, and an urgent job must not wait for them.
         if current and self.urgent_takes_gpu():
             raise RestoreAbandoned("before its setup")
-        work_dir = self.runtime.store.work_dir(self.job_id)
+        work_dir = self.stores.store.work_dir(self.job_id)
         with workload_errors():
             workload = registry.create(self.job.workload, self.job.params)
             workload.setup(
                 RunContext(
                     self.job_id,
-                    self.runtime.identity.gpu_index,
+                    self.identity.gpu_index,
                     work_dir,
                     settings.CLOCKQ_CACHE_DIR,
                     storage=JobStorage(self.job_id),
@@ -96,12 +98,12 @@ class Restore:
 
     def _read_checkpoint(self, current: str) -> bytes | None:
         """The state the database names, or the newest good one before it (saying why)."""
-        state = self.runtime.persister.pending(self.job_id, current)
+        state = self.stores.persister.pending(self.job_id, current)
         if state is not None:
             return state  # this worker took the snapshot and has yet to write it
         files = self.checkpoints.files
         names = [name for name in files if is_checkpoint_name(name)]
-        restored = self.runtime.store.restore(
+        restored = self.stores.store.restore(
             self.job_id,
             names,
             wait_s=settings.CLOCKQ_PERSIST_WAIT_S,

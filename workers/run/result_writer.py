@@ -17,7 +17,7 @@ from clockq.jobs.checkpoints import StorageError
 from clockq.jobs.results import Manifest, ResultStorageError
 from workers import shutdown
 from workers.run.errors import SliceFailed, workload_errors
-from workers.runtime import STORAGE_PROBE_EVERY_S, Runtime
+from workers.runtime import STORAGE_PROBE_EVERY_S, WorkerStores
 from workers.workloads.base import Workload
 
 log = logging.getLogger("clockq.slices")
@@ -29,14 +29,14 @@ _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
 class ResultWriter:
     """Where a finished job's result goes: the result store, on the checkpoint storage."""
 
-    def __init__(self, job_id: int, runtime: Runtime):
+    def __init__(self, job_id: int, stores: WorkerStores):
         self.job_id = job_id
-        self.runtime = runtime
+        self.stores = stores
 
     def store(self, workload: Workload) -> Manifest:
         """The result, in place. StorageError when the storage failed, whoever's code hit it."""
         try:
-            staged = self.runtime.results.staging(self.job_id)
+            staged = self.stores.results.staging(self.job_id)
         except ResultStorageError as exc:
             raise StorageError(str(exc)) from exc
         try:
@@ -49,14 +49,14 @@ class ResultWriter:
                 if isinstance(exc.__cause__, OSError) and exc.__cause__.errno in _STORAGE_ERRNOS:
                     raise StorageError(f"writing the result of job {self.job_id}: {exc.__cause__}") from exc
                 raise
-            manifest = self.runtime.results.store(self.job_id, staged)
+            manifest = self.stores.results.store(self.job_id, staged)
         except ResultStorageError as exc:
             raise StorageError(str(exc)) from exc
         finally:
             # A failed attempt leaves nothing on the store (a full one least of all); after a
             # store, the folder was renamed into place and this finds nothing.
             shutil.rmtree(staged, ignore_errors=True)
-        self.runtime.storage_works()
+        self.stores.storage_works()
         return manifest
 
     def wait_for_room(self, exc: StorageError) -> None:
@@ -64,7 +64,7 @@ class ResultWriter:
         next try. The job keeps its GPU and its work meanwhile, rather than go back to its queue
         and do the work since its last checkpoint again."""
         log.warning("job %s: done, waiting for room to store its result: %s", self.job_id, exc)
-        self.runtime.storage_failed(str(exc))
+        self.stores.storage_failed(str(exc))
         shutdown.requested.wait(STORAGE_PROBE_EVERY_S)
 
 

@@ -8,6 +8,7 @@ reaper took it back): LostOwnership, and nothing is written.
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +30,7 @@ from workers.run.metrics_recorder import MetricsRecorder
 from workers.run.state import RunState
 from workers.run.steps import SliceRecord
 from workers.run.tiers import RunTiers
-from workers.runtime import Runtime
+from workers.runtime import WorkerIdentity
 
 RUNNING = JobState.RUNNING
 
@@ -40,8 +41,9 @@ class SliceWrites:
     def __init__(
         self,
         job: ClaimedJob,
-        runtime: Runtime,
+        identity: WorkerIdentity,
         *,
+        counter_writer: Executor,
         tiers: RunTiers,
         checkpoints: Checkpointer,
         state: RunState,
@@ -50,7 +52,8 @@ class SliceWrites:
         self.job_id = job.id
         self.owner_id = job.owner_id
         self.token = job.dispatch_token
-        self.runtime = runtime
+        self.identity = identity
+        self.counter_writer = counter_writer  # writes the slice counters off the GPU's path
         self.tiers = tiers
         self.checkpoints = checkpoints
         self.state = state  # read here (the job's progress and GPU use); JobRun writes it
@@ -79,7 +82,7 @@ class SliceWrites:
                 expect={RUNNING},
                 token=self.token,
                 reason=reason,
-                actor=self.runtime.identity.hostname,
+                actor=self.identity.hostname,
                 rotate_token=to in (JobState.QUEUED, JobState.HELD),
                 updates=updates,
                 queue_name=self.tiers.current.queue_name,
@@ -117,7 +120,7 @@ class SliceWrites:
             from_state=RUNNING,
             to_state=RUNNING,
             reason=reason[:2000],
-            actor=self.runtime.identity.hostname,
+            actor=self.identity.hostname,
         )
 
     def _progress_fields(self, record: SliceRecord) -> dict[str, Any]:
@@ -151,8 +154,8 @@ class SliceWrites:
             Slice,
             {
                 "job_id": self.job_id,
-                "worker": self.runtime.identity.hostname,
-                "gpu_index": self.runtime.identity.gpu_index,
+                "worker": self.identity.hostname,
+                "gpu_index": self.identity.gpu_index,
                 "started_at": record.started_at,
                 "ended_at": ended_at or timezone.now(),
                 "planned_ms": record.plan.ms,
@@ -176,5 +179,5 @@ class SliceWrites:
             outcome=outcome,
             used_ms=int(record.used_ms),
             switch_ms=record.checkpoint_ms + record.restore_ms if switched else None,
-            writer=self.runtime.boundary_reader,
+            writer=self.counter_writer,
         )

@@ -28,7 +28,7 @@ from workers.run.errors import workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
 from workers.run.pause import PauseWatch
 from workers.run.tiers import RunTiers
-from workers.runtime import Runtime
+from workers.runtime import WorkerThreads
 from workers.workloads.base import Workload
 
 
@@ -59,19 +59,20 @@ class StepLoop:
     def __init__(
         self,
         job: ClaimedJob,
-        runtime: Runtime,
+        threads: WorkerThreads,
         *,
         tiers: RunTiers,
         boundary: SliceBoundary,
         metrics: MetricsRecorder,
+        pauses: PauseWatch,
     ):
         self.job = job
         self.job_id = job.id
-        self.runtime = runtime
+        self.threads = threads
         self.tiers = tiers
         self.boundary = boundary
         self.metrics = metrics
-        self.pauses = PauseWatch(runtime, job.id)
+        self.pauses = pauses
 
     def plan(self, util_ewma: float | None) -> SliceRecord:
         """The next slice, as long as the policy plans it for this job's tier and its GPU use
@@ -89,20 +90,20 @@ class StepLoop:
     def run_slice(self, workload: Workload, record: SliceRecord) -> bool:
         """Step until the slice is used up or cut short, writing what it did in `record`;
         whether the job is done."""
-        interrupts, boundary = self.runtime.interrupts, self.boundary
+        interrupts, boundary = self.threads.interrupts, self.boundary
         began = start = last = time.perf_counter()  # `start` moves on by each pause: a pause is not service
         budget_s = record.plan.ms / 1000.0
         step_s = 0.0  # the last step's length: the next one is likely as long
         done = False
         self.boundary.new_slice(record.plan.ms)
-        self.runtime.sampler.start()
+        self.threads.sampler.start()
         try:
             with workload_errors():
                 while True:
                     # Likely the slice's last step, or one of the last few short ones: read what
                     # the boundary decides from while they run, so the GPU does not wait for that
                     # read after them.
-                    lead_s = prefetch_lead_s(step_s, self.runtime.boundary_read_s, budget_s)
+                    lead_s = prefetch_lead_s(step_s, self.threads.boundary_read_s, budget_s)
                     if last + lead_s - start >= budget_s:
                         self.boundary.read_ahead()
                     progress = float(workload.step())
@@ -134,7 +135,7 @@ class StepLoop:
         finally:
             record.compute_end = time.perf_counter()
             record.used_ms = service_ms((record.compute_end - began) * 1000, record.paused_ms)
-            stats = self.runtime.sampler.stop()
+            stats = self.threads.sampler.stop()
             record.gpu_util = stats.mean_gpu_util
-            self.runtime.publisher.maybe_publish(stats.last)
+            self.threads.publisher.maybe_publish(stats.last)
         return done
