@@ -28,12 +28,13 @@ its jobs in structures keyed by these functions' keys; the live system asks the 
   (`Ladder.promotion_service`, `Ladder.promotion_over`), then goes home.
 - **Promoted jobs' share.** Behind the new tier's own jobs alone, a promoted job never ran under
   a steady stream of them: the starvation promotion is for. So promoted jobs have a bounded
-  share of the GPUs, as the best-effort tiers have theirs: while they hold less than
-  `PROMOTED_SHARE` (at least one GPU on a cluster of two or more), a promoted job goes by its
-  age among its new tier's jobs of its level, as if it were the tier's own (ahead of the newer
-  ones, `order_key_as_own`), and one that runs within the share keeps its GPUs against anything
-  but RT until it goes home or ends (`promoted_share_gpus`, `promoted_protects`): it is not
-  taken back by the next job of its new tier, which would be churn. Bounded, so that a
+  share of the GPUs, as the best-effort tiers have theirs: `PROMOTED_SHARE`, at least one GPU on
+  a cluster of two or more. A promoted job that fits in what is left of it goes by its age
+  among its new tier's jobs of its level, as if it were the tier's own (ahead of the newer
+  ones, `order_key_as_own`), and while the running promoted jobs fit in it they keep their GPUs
+  against anything but RT until they go home or end (`promoted_share_gpus`,
+  `promoted_protects`): they are not taken back by the next job of their new tier, which
+  would be churn. Bounded, so that a
   saturated cluster does not turn every starved SP job into HP work: ordering every promoted
   job by age among the new tier's jobs did, and HP's mean wait on the Tiresias trace at 8 GPUs
   went from 27 s to 4.8 min (docs/benchmarks.md).
