@@ -20,7 +20,6 @@ from django.conf import settings
 from django.utils import timezone
 
 from clockq.bus import signals
-from clockq.jobs import order
 from clockq.jobs.checkpoints import RestoreAbandoned, StorageError
 from clockq.jobs.quotas import QuotaExceeded
 from clockq.jobs.results import ResultError
@@ -237,8 +236,8 @@ class JobRun:
         queue as it was: nothing ran, so there is nothing to checkpoint, and the checkpoint it was
         restoring from is still the one the database names (the next claim waits for it, or
         takes it warm from the worker that wrote it)."""
-        made_way_to = self.boundary.made_way_during_restore()
-        urgent = order.describe(made_way_to) if made_way_to is not None else "an urgent job"
+        made_way_for = self.boundary.made_way_during_restore()
+        urgent = made_way_for.describe() if made_way_for is not None else "an urgent job"
         record.cut_short = record.preempted = True
         self.runtime.leave_gpu()
         self.writes.end(

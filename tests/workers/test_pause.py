@@ -86,7 +86,12 @@ def test_a_worker_whose_last_job_left_for_the_lane_claims_once_the_rt_job_ends(l
     request = lanes.PauseRequest(rt_job=10, lane=LANE, mode=lanes.MODE_CHECKPOINT, target=5)
     lanes.request_pause(client(), MAIN, request)
     wait_for(lambda: runtime.threads.interrupts.lane_hinted(MAIN), 5, what="the lane's signal")
-    assert PauseWatch(runtime, job_id=5).asked() == request  # the job leaves through a checkpoint
+    watch = PauseWatch(runtime, job_id=5)
+    assert watch.asked() == request
+    # The job leaves through a checkpoint, for a decision its history says in words
+    leave = watch.hold(request).leave
+    assert leave is not None and leave.rt_job == request.rt_job
+    assert leave.describe() == f"RT job #10 in this GPU's RT lane {LANE}, which does not fit beside it in GPU memory"
     released = threading.Timer(0.2, lanes.release, args=(client(), MAIN, request.rt_job))
     released.start()
     # When the worker is about to claim, then it waits until the request is gone

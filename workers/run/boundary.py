@@ -12,9 +12,11 @@ the policy's victim leaves (for RT the cheapest switch), and every other GPU goe
 same slice, having written nothing. Where the claim stands in those looks is `looks`, a state
 machine with named states and moves (workers/run/looking.py).
 
-The order's answer travels as it is (`order.Waiting`, the job this one makes way for); it is said
-in words (`order.describe`) only where a person reads it: the decision's reason, which the job's
-history records.
+The order's answer travels as it is (`order.MakeWay`: the job this one makes way for, and the
+policy's decision whole), and so does an RT lane's need for the room (`pause.LaneNeedsRoom`): the
+policy's boundary takes either (`slicing.Boundary.making_way`), and words are made of it
+(`describe`) only where a person reads them: the decision's reason, which the job's history
+records.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ from clockq.jobs import hot_sql, order
 from clockq.jobs.models import Job
 from clockq.policy import ordering
 from clockq.policy.lanes import lanes_take_urgent
-from clockq.policy.slicing import Boundary, BoundaryAction, PendingAction, decide_at_boundary, ewma
+from clockq.policy.slicing import Boundary, BoundaryAction, MadeWayFor, PendingAction, decide_at_boundary, ewma
 from clockq.policy.states import JobState
 from workers.run.checkpointer import Checkpointer
 from workers.run.claim import ClaimedJob
 from workers.run.errors import LostOwnership
 from workers.run.looking import UNRESPONSIVE_S, Looking, UrgentLooks
+from workers.run.pause import LaneNeedsRoom
 from workers.run.state import Decided, RunState
 from workers.run.tiers import RunTiers
 from workers.runtime import Runtime
@@ -55,13 +58,23 @@ log = logging.getLogger("clockq.slices")
 class BoundaryRead:
     waiting: list[int]  # dispatch messages in the broker per tier rank, most urgent first
     row: dict[str, Any] | None  # the job's state, dispatch_token, pending_action and tier_id
-    # The waiting job this one leaves its GPU to (clockq/jobs/order.py), read from the database
-    # when the broker says someone waits, or None. Also what a hand-over takes (`claim.take_handed_over`).
-    mine: order.Waiting | None = None
+    # What the order says (clockq/jobs/order.py), read from the database when the broker says
+    # someone waits: the waiting job this one leaves its GPU to now (`mine`, what a hand-over
+    # takes: `claim.take_handed_over`) and the policy's decision whole (`decision`), or None.
+    way: order.MakeWay | None = None
     # The next checkpoint's persist mark, set ahead when the read foresaw a yield: (name, when).
     marked: tuple[str, float] | None = None
     # This GPU was marked free ahead, with the read that foresaw the yield (clockq/bus/free_gpus.py).
     freed_ahead: bool = False
+
+    @property
+    def mine(self) -> order.Waiting | None:
+        return self.way.mine if self.way is not None else None
+
+    @property
+    def decision(self) -> MadeWayFor | None:
+        """The order's decision that this job leaves its GPU now (`making_way.MakeWay`), or None."""
+        return self.way.decision if self.way is not None and self.way.mine is not None else None
 
 
 # How long a boundary waits for its read made during the last step to finish, before it reads
@@ -135,18 +148,20 @@ class SliceBoundary:
         the restore and one step. The same look as at a step (`interrupted`)."""
         return self.interrupted(serving_ms=0.0)
 
-    def made_way_during_restore(self) -> order.Waiting | None:
-        """The restore gave the GPU up, because a look named this job (MAKING_WAY): the job it
-        made way for, if the look said."""
+    def made_way_during_restore(self) -> MadeWayFor | None:
+        """The restore gave the GPU up, because a look named this job (MAKING_WAY): the order's
+        decision it made way for, if the look said."""
         read, self._named = self._named, None
         self.looks = self.looks.made_way()
-        return read.mine if read is not None else None
+        return read.decision if read is not None else None
 
-    def decide(self, done: bool, cut_short: bool, used_ms: float, *, lane_leave: str | None = None) -> Decided:
+    def decide(
+        self, done: bool, cut_short: bool, used_ms: float, *, lane_leave: LaneNeedsRoom | None = None
+    ) -> Decided:
         """The policy's decision at this boundary, after a slice that ran `used_ms`, and what it
         changed. `lane_leave`: the slice ended at a step because an RT job in this GPU's lane
-        needs the room (workers/run/pause.py), said as the job's history says it: the job makes
-        way for it through the checkpoint path. LostOwnership if the job is no longer ours."""
+        needs the room (workers/run/pause.py): the job makes way for it through the checkpoint
+        path. LostOwnership if the job is no longer ours."""
         self.slice_ms = used_ms
         read, self._named = self._named, None  # MAKING_WAY: decided from the look that named this job
         self.looks = self.looks.made_way()
@@ -163,8 +178,7 @@ class SliceBoundary:
         self.tiers.serve(used_ms, order.ladder())  # a promoted job served enough goes home
         boundary = Boundary(
             done=done,
-            # In words for the decision's reason, which the job's history records.
-            outranked_by=order.describe(read.mine) if read.mine is not None else lane_leave,
+            making_way=read.decision or lane_leave,
             pending_action=PendingAction(row["pending_action"]),
             past_deadline=bool(self.job.deadline and timezone.now() >= self.job.deadline),
             shutting_down=self.runtime.shutting_down(),
@@ -228,7 +242,7 @@ class SliceBoundary:
             return False
         self.looks = self.looks.this_named()
         assert self.looks.state == Looking.MAKING_WAY
-        self._named = BoundaryRead(view.waiting, row, mine=way.mine)
+        self._named = BoundaryRead(view.waiting, row, way=way)
         return True
 
     def _make_way(self, view: BrokerView, serving_ms: float) -> order.MakeWay:
@@ -267,16 +281,16 @@ class SliceBoundary:
         has not had its planned time: it leaves only when `ordering.leaves_at` says so."""
         view = BrokerView() if done else self._broker_view()
         row = self._row()
-        first = None
+        way = None
         if any(view.waiting) and not self.in_lane:
-            first = order.displacing(
+            way = order.make_way(
                 self.job_id,
                 freed=view.freed,
                 serving_ms=self.slice_ms,
                 held_s=self._held_s() if cut_short else None,
                 slice_s=self.planned_s,
             )
-        return BoundaryRead(view.waiting, row, mine=first)
+        return BoundaryRead(view.waiting, row, way=way)
 
     def _prefetch_boundary(self) -> BoundaryRead:
         """`_read_boundary` for a slice that ends on time, on the runtime's reader thread. When the

@@ -39,9 +39,23 @@ PAUSED_POLL_S = 0.05  # how often a paused job reads its request, between the si
 
 
 @dataclass(frozen=True)
+class LaneNeedsRoom:
+    """The RT job in this GPU's lane that the running job leaves its GPU to, through the
+    checkpoint path, and why: a decision for the boundary (`slicing.Boundary.making_way`), in
+    words only for the job's history (`describe`)."""
+
+    rt_job: int
+    lane: str
+    why: str
+
+    def describe(self) -> str:
+        return f"RT job #{self.rt_job} in this GPU's RT lane {self.lane}, {self.why}"
+
+
+@dataclass(frozen=True)
 class PauseEnd:
     paused_s: float
-    leave: str | None = None  # why the job leaves through the checkpoint path now, if it does
+    leave: LaneNeedsRoom | None = None  # the job leaves through the checkpoint path now, if it does
 
 
 class PauseWatch:
@@ -126,8 +140,8 @@ class PauseWatch:
             log.warning("job %s: could not record its pause: %s", self.job_id, exc)
 
 
-def _made_way(request: lanes.PauseRequest, why: str) -> str:
-    return f"RT job #{request.rt_job} in this GPU's RT lane {request.lane}, {why}"
+def _made_way(request: lanes.PauseRequest, why: str) -> LaneNeedsRoom:
+    return LaneNeedsRoom(request.rt_job, request.lane, why)
 
 
 def wait_while_lent(runtime: Runtime, *, left_for_lane: bool = False) -> None:

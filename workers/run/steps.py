@@ -26,7 +26,7 @@ from workers.run.boundary import SliceBoundary, prefetch_lead_s
 from workers.run.claim import ClaimedJob
 from workers.run.errors import workload_errors
 from workers.run.metrics_recorder import MetricsRecorder
-from workers.run.pause import PauseWatch
+from workers.run.pause import LaneNeedsRoom, PauseWatch
 from workers.run.tiers import RunTiers
 from workers.runtime import WorkerThreads
 from workers.workloads.base import Workload
@@ -49,8 +49,8 @@ class SliceRecord:
     paused_ms: float = 0.0  # paused in place for an RT job in its GPU's lane (workers/run/pause.py)
     progress: float | None = None  # in [0, 1], as its last step reported it (None: no step ended)
     # It ended at a step to make way for an RT job in its GPU's lane through the checkpoint path
-    # (workers/run/pause.py): why, in the job history's words.
-    lane_leave: str | None = None
+    # (workers/run/pause.py), and why.
+    lane_leave: LaneNeedsRoom | None = None
 
 
 class StepLoop:
