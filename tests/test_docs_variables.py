@@ -9,7 +9,7 @@ one the pages name is read.
   here (`KINDS`), explicitly: every name not there is an operator's setting.
 - Each `CLOCKQ_*` name the pages and the README give is read by the code, a benchmark or a
   deploy file, or is a Django setting; so is each other setting or constant they give in capitals
-  (`CELERY_DB_REUSE_MAX`, `PREFETCH_WAIT_S`), or it is the code's own or the system's
+  (`CELERY_DB_REUSE_MAX`, `PREFETCH_WAIT_S`), or it is the code's or the tests' own, or the system's
   (`O_NOFOLLOW`). Each settings row's default is the code's, where the code gives it as a value.
 """
 
@@ -159,10 +159,10 @@ def _named(name: str) -> bool:
 
 @cache
 def names_the_code_defines() -> frozenset[str]:
-    """Every name a module of the code or the benchmarks binds, at its top or in a class, with
-    a leading underscore dropped (`_PR_SET_PDEATHSIG`)."""
+    """Every name a module of the code, the benchmarks or the tests binds, at its top or in a
+    class, with a leading underscore dropped (`_PR_SET_PDEATHSIG`)."""
     names: set[str] = set()
-    for path in python_files(*PRODUCTION, "bench"):
+    for path in python_files(*PRODUCTION, "bench", "tests"):
         for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Assign):
                 names |= {t.id.lstrip("_") for t in node.targets if isinstance(t, ast.Name)}
