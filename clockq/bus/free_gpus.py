@@ -3,7 +3,7 @@
 A GPU is free when its main worker would claim a job now and runs none: the database says which
 worker runs each job (`free_of`). Which workers would claim now depends on where the job is.
 
-- A job that waits in the queue already (a boundary's question: `ordering.makes_way_for` lets
+- A job that waits in the queue already (a boundary's question: `making_way.makes_way_for` lets
   nobody make way while a GPU is free, since the waiting job takes that one, above all the GPU
   of a victim that has just left for it and is claiming). A live worker that waits idle on the
   broker takes a waiting job's message the moment it is pushed, so it never stays free while a
