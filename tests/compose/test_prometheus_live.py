@@ -34,7 +34,7 @@ def _answers(service: Service, url: str, **headers: str):
         service.check_alive()
         try:
             return requests.get(url, headers=headers, timeout=5).status_code == 200
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not up yet, or a cold first answer on a loaded machine
             return False
 
     return check
