@@ -49,9 +49,6 @@ class Boundary:
     # `make_way`'s `MakeWay`, which has `leaves_at`), or an RT lane that needs the room; None if
     # nothing comes first. The decision whole: its words are made only for the reason.
     making_way: MadeWayFor | None = None
-    # The same said in words, as callers passed it before `making_way` (kept while they move to
-    # it): used only when `making_way` is None.
-    outranked_by: str | None = None
     pending_action: PendingAction = PendingAction.NONE
     past_deadline: bool = False
     shutting_down: bool = False
@@ -163,8 +160,7 @@ def _decide(b: Boundary) -> Decision:
         return Decision(BoundaryAction.YIELD, "requeued by an operator")
     if b.shutting_down:
         return Decision(BoundaryAction.YIELD, "worker shutting down")
-    if b.making_way is not None or b.outranked_by:
-        whom = b.making_way.describe() if b.making_way is not None else b.outranked_by
-        made_way = f"made way for {whom}, which comes first in the order"
+    if b.making_way is not None:
+        made_way = f"made way for {b.making_way.describe()}, which comes first in the order"
         return Decision(BoundaryAction.YIELD, f"{PREEMPTED}: {made_way}" if b.cut_short else made_way)
     return Decision(BoundaryAction.CONTINUE, "nothing waiting that comes first in the order")

@@ -14,6 +14,16 @@ from clockq.policy.slicing import (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Words:
+    """A decision to make way that is only its words (`slicing.MadeWayFor`)."""
+
+    words: str
+
+    def describe(self) -> str:
+        return self.words
+
+
 @pytest.mark.parametrize(
     ("avg_util", "expected_ms"),
     [
@@ -40,7 +50,7 @@ def test_plan_slice_never_goes_below_the_floor():
         # None of the jobs waiting comes first in the order (an older job of its class keeps its GPU).
         (Boundary(done=False), BoundaryAction.CONTINUE),
         (
-            Boundary(done=False, outranked_by="job #7 (BK, level 0)"),
+            Boundary(done=False, making_way=Words("job #7 (BK, level 0)")),
             BoundaryAction.YIELD,
         ),
         (
@@ -102,7 +112,7 @@ def test_a_single_stalled_switch_moves_the_estimate_a_little_and_a_lasting_rise_
 def test_a_slice_cut_short_yields_only_to_the_job_the_order_names():
     # An urgent job was announced; the order named this job to make way for it, or did not (a
     # free GPU took it, or another GPU's job is the victim).
-    named = decide_at_boundary(Boundary(done=False, outranked_by="job #9 (RT, service level 0)", cut_short=True))
+    named = decide_at_boundary(Boundary(done=False, making_way=Words("job #9 (RT, service level 0)"), cut_short=True))
     assert named.action == BoundaryAction.YIELD
     assert named.reason == f"{PREEMPTED}: made way for job #9 (RT, service level 0), which comes first in the order"
     assert decide_at_boundary(Boundary(done=False, cut_short=True)).action == BoundaryAction.CONTINUE
@@ -118,10 +128,13 @@ def test_plan_slice_takes_keyword_arguments_only():
     [
         # Making way for a job of the same tier, a higher one or an RT job would lose the work.
         (
-            Boundary(done=False, outranked_by="job #7"),
+            Boundary(done=False, making_way=Words("job #7")),
             BoundaryAction.CONTINUE,
         ),
-        (Boundary(done=False, outranked_by="job #8 (RT, service level 0)", cut_short=True), BoundaryAction.CONTINUE),
+        (
+            Boundary(done=False, making_way=Words("job #8 (RT, service level 0)"), cut_short=True),
+            BoundaryAction.CONTINUE,
+        ),
         # What a deadline, an operator or a stopping worker asks for still happens.
         (Boundary(done=True), BoundaryAction.FINISH),
         (Boundary(done=False, past_deadline=True), BoundaryAction.TIME_OUT),

@@ -15,6 +15,8 @@ from clockq.jobs.models import Job, JobEvent, QueueTier, Slice
 from clockq.kpis import reports as kpis
 from clockq.policy import promotion as rules
 from clockq.policy.kpis import WAIT_BUCKETS_MS, floor_minute
+from clockq.policy.making_way import MakeWay
+from clockq.policy.ordering import Standing
 from clockq.policy.slicing import Boundary, decide_at_boundary
 from tests.helpers import submit
 from webapp.dashboard_series import plotly_time
@@ -112,7 +114,8 @@ def busy_pool(alice):
     make_slice(hp, GPU0, t0, 100, "continued")
     make_slice(hp, GPU0, t0 + timedelta(milliseconds=100), 100, "yielded")
     made_way = make_slice(sp, GPU0, t0 + timedelta(milliseconds=200), 30, "yielded")
-    rt_reason = decide_at_boundary(Boundary(done=False, outranked_by=f"job #{rt.pk} (RT)", cut_short=True)).reason
+    for_rt = MakeWay(Standing(0, 0, 0.0, 0.0, job_id=rt.pk), Standing(2, 0, 0.0, 0.0, job_id=sp.pk), -1, 0, True)
+    rt_reason = decide_at_boundary(Boundary(done=False, making_way=for_rt, cut_short=True)).reason
     make_event(sp, made_way.ended_at - timedelta(milliseconds=2), rt_reason)
     make_slice(rt, GPU0, t0 + timedelta(milliseconds=240), 10, "completed")
 
