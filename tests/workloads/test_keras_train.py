@@ -124,7 +124,7 @@ def test_the_result_is_the_trained_model_that_keras_loads(tmp_path):
         np.testing.assert_array_equal(model.predict_on_batch(x), straight.model.predict_on_batch(x))
 
 
-@pytest.mark.slow  # two Keras trainings on a real worker; CI's slow pass runs it (the bound: tests/workers/test_data_cache.py)
+@pytest.mark.slow  # two Keras trainings on a real worker; CI's slow pass runs it (the bound: test_data_cache.py)
 def test_two_jobs_with_new_seeds_do_not_grow_the_hosts_cache_by_two_datasets(start_workers, alice, tmp_path):
     # Given a GPU host whose data cache holds 2 MB: one dataset of 20,000 examples (1.36 MB).
     examples = 20_000
