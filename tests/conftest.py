@@ -143,6 +143,16 @@ def _clean_slate(request, redis_server, crossable_dir, settings):
         wants_tx = (marker and marker.kwargs.get("transaction")) or "transactional_db" in request.fixturenames
         request.getfixturevalue("transactional_db" if wants_tx else "db")
         ensure_default_tiers(QueueTier)
+        if not wants_tx:
+            # A test in a transaction finds the periodic tasks the migrations seed (only the
+            # missing ones are made, inside its transaction). In one process pytest-django runs
+            # these tests before the transactional ones, whose flush deletes them; under
+            # pytest-xdist a process may already have run a transactional test of another file.
+            from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+            from clockq.jobs.periodic import ensure_periodic_tasks
+
+            ensure_periodic_tasks(PeriodicTask, IntervalSchedule)
 
 
 @pytest.fixture
