@@ -70,7 +70,7 @@ def web_server(transactional_db, redis_server, tmp_path):
             raise RuntimeError(f"gunicorn exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
         try:
             requests.get(f"{url}/healthz", timeout=5)
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not up yet, or a cold first answer on a loaded machine
             return False
         return True
 
