@@ -67,7 +67,9 @@ def test_a_database_fault_during_a_look_is_not_the_jobs_failure(alice, long_sp_s
 
     monkeypatch.setattr(order, "make_way", faulty)
 
-    with after_the_restore(lambda: (submit(alice, "RT", "inference", steps=1), here.threads.interrupts.heard_urgent(0))):
+    with after_the_restore(
+        lambda: (submit(alice, "RT", "inference", steps=1), here.threads.interrupts.heard_urgent(0))
+    ):
         outcome = run_dispatch(busy.pk, busy.dispatch_token, here)
 
     # The look went on; the job was not charged, and finished its work
