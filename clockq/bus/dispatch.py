@@ -2,7 +2,7 @@
 
 The tier travels as the queue the message is pushed onto: a queue is its tier's, one to one
 (`TierSpec.queue_name`), so the message needs no rank of its own, and a message of any version
-in flight during an upgrade reads the same (docs/DESIGN.md, invariant 1: the database is the
+in flight during an upgrade reads the same (the design's invariant 1: the database is the
 truth). What the sender needs of the tier (whether it interrupts) is the definition's, read by
 the queue's name (`TIER_BY_QUEUE`), not by its place in a list.
 """
