@@ -281,8 +281,9 @@ def test_a_job_name_made_of_markup_shows_as_its_own_text_in_the_timeline(watched
         hover.wait_for()
 
         # Then the hover shows the name as it was typed, and no bold or red text is made from it
+        # (a long hover is wrapped into lines at spaces, which the lines' text no longer holds)
         shown = "".join(hover.locator("tspan.line").all_text_contents())
-        assert f"#{job.pk} {MARKUP_NAME}" in shown, shown
+        assert re.sub(r"\s", "", f"#{job.pk} {MARKUP_NAME}") in re.sub(r"\s", "", shown), shown
         styles = hover.locator("tspan").evaluate_all("(spans) => spans.map((s) => s.getAttribute('style') || '')")
         assert not [s for s in styles if "bold" in s or "red" in s], styles
         page.mouse.move(0, 0)
