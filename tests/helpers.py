@@ -138,3 +138,16 @@ def database_url() -> str:
         return f"sqlite:///{s['NAME']}"
     auth = f"{s['USER']}:{s['PASSWORD']}@" if s.get("PASSWORD") else f"{s['USER']}@" if s.get("USER") else ""
     return f"postgres://{auth}{s['HOST'] or 'localhost'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def set_consuming(worker: str, queue: str, consume: bool) -> None:
+    """Celery's own remote control: `worker` starts (add_consumer) or stops (cancel_consumer)
+    taking messages from `queue`. Over a broker connection of its own: one from this process's
+    pool may have sat idle while the session's Redis closed it, and the broadcast's health check
+    then raises "Connection closed by server" instead of reconnecting (seen once in CI)."""
+    from clockq.celery import app
+
+    control = app.control.add_consumer if consume else app.control.cancel_consumer
+    with app.connection_for_write() as conn:
+        replies = control(queue, destination=[worker], reply=True, timeout=10, connection=conn)
+    assert replies, f"{worker} did not answer"

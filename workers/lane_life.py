@@ -146,13 +146,14 @@ def take_back_orphans(lane: str, *, actor: str) -> list[int]:
 class LaneWatch:
     """A GPU's main worker's watch over its RT lane: a thread that waits on the lane's lock and
     takes back the lane's jobs whenever it gets it (`take_back_orphans`). `lost` says which RT
-    jobs it took back, for the paused job's record (workers/rt_lane.py)."""
+    jobs it took back, and when (time.monotonic), for the paused job's record
+    (workers/run/pause.py)."""
 
     def __init__(self, main: str, lock: LaneLock | None = None):
         self.main = main
         self.lane = lanes.lane_name(main)
         self.lock = lock or LaneLock(self.lane)
-        self.lost: set[int] = set()
+        self.lost: dict[int, float] = {}
         self.thread = threading.Thread(target=self._run, name="clockq-lane-watch", daemon=True)
 
     def start(self) -> LaneWatch:
@@ -179,9 +180,9 @@ class LaneWatch:
             close_old_connections()  # this thread's connection may have been idle for days
             standing = lanes.pause_request(client(), self.main)
             if standing is not None and standing.lane == self.lane:
-                self.lost.add(standing.rt_job)  # before its drop wakes the paused job
+                self.lost[standing.rt_job] = time.monotonic()  # before its drop wakes the paused job
             taken = take_back_orphans(self.lane, actor=self.main)
-            self.lost.update(taken)
+            self.lost.update(dict.fromkeys(taken, time.monotonic()))
             return taken
         finally:
             with contextlib.suppress(OSError):
@@ -202,7 +203,8 @@ def _watch_the_lane(sender=None, **_kwargs) -> None:
     _watch = LaneWatch(main).start()
 
 
-def lane_lost(rt_job: int) -> bool:
-    """Whether this worker's watch took `rt_job` back from its dead lane (a paused job's record
-    says "lane gone")."""
-    return _watch is not None and rt_job in _watch.lost
+def lane_lost(rt_job: int, since: float) -> bool:
+    """Whether this worker's watch took `rt_job` back from its dead lane at `since`
+    (time.monotonic) or later: a paused job's record then says "lane gone". Not earlier: an RT
+    job taken back once and run again in the lane's next process ends there as any other."""
+    return _watch is not None and _watch.lost.get(rt_job, float("-inf")) >= since

@@ -10,12 +10,11 @@ import pytest
 from django.conf import settings
 
 from clockq.bus import queues
-from clockq.celery import app
 from clockq.jobs.checkpoints import CheckpointStore
 from clockq.jobs.models import Job, JobEvent
 from clockq.policy.tiers import TIER_BY_CODE
 from tests.harness import wait_for
-from tests.helpers import assert_no_overlap, claims, submit, wait_finished
+from tests.helpers import assert_no_overlap, claims, set_consuming, submit, wait_finished
 
 pytestmark = pytest.mark.integration
 
@@ -27,14 +26,12 @@ def _worker(gpu: int) -> str:
 
 
 def _stop_consuming(gpu: int) -> None:
-    """The worker takes no more messages from the SP queue (Celery's own remote control)."""
-    replies = app.control.cancel_consumer(SP_QUEUE, destination=[_worker(gpu)], reply=True, timeout=10)
-    assert replies, f"{_worker(gpu)} did not answer"
+    """The worker takes no more messages from the SP queue."""
+    set_consuming(_worker(gpu), SP_QUEUE, consume=False)
 
 
 def _consume_again(gpu: int) -> None:
-    replies = app.control.add_consumer(SP_QUEUE, destination=[_worker(gpu)], reply=True, timeout=10)
-    assert replies, f"{_worker(gpu)} did not answer"
+    set_consuming(_worker(gpu), SP_QUEUE, consume=True)
 
 
 def _served(job: Job, slices: int) -> None:

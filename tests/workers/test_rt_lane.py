@@ -17,14 +17,13 @@ from django.utils import timezone
 
 from clockq.bus import lanes
 from clockq.bus.client import client
-from clockq.celery import app
 from clockq.jobs import services, workloads
 from clockq.jobs.models import Job, JobEvent, QueueTier
 from clockq.jobs.results import ResultStore
 from clockq.policy.states import TERMINAL_STATES
 from control.reaper import reap_expired_leases
 from tests.harness import wait_for
-from tests.helpers import assert_no_overlap, claims, wait_finished
+from tests.helpers import assert_no_overlap, claims, set_consuming, wait_finished
 from workers.lane_life import LaneLock
 from workers.workloads.synthetic import _HEADER, _payload
 
@@ -175,8 +174,12 @@ def test_kill_9_of_the_lane_starts_its_rt_job_again_within_rt_start_timeout(star
     # The main job lost nothing: each of its steps ran once, and it never ran beside itself
     assert not big.slices.filter(outcome="lost").exists()
     assert sum(big.slices.values_list("steps", flat=True)) == 300
-    if path == "pause":  # it resumed when the lane died, not at the pause's bound
-        assert [p["how"] for p in lanes.pauses() if p["rt_job"] == rt.pk] == ["resumed: lane gone"]
+    if path == "pause":
+        # It resumed when the lane died, not at the pause's bound; if the lane's next process
+        # ran the RT job again beside it, that pause ended as any other
+        first, *again = [p["how"] for p in lanes.pauses() if p["rt_job"] == rt.pk]
+        assert first == "resumed: lane gone"
+        assert "resumed: lane gone" not in again
     assert_no_overlap(big)
     assert_no_overlap(rt)
 
@@ -189,7 +192,7 @@ def test_kill_9_of_the_lane_on_an_idle_gpu_gives_its_rt_job_to_the_main_worker_w
     # (Celery's own remote control), and takes them again now, idle
     _workers, lane = _start(start_workers, CLOCKQ_LEASE_S="2")
     main = lanes.main_of(lane)
-    _rt_consumer(main, app.control.cancel_consumer)
+    _rt_consumer(main, consume=False)
     rt = _submit(alice, "RT", "long-inference", gpu_mem_mib=1024, steps=300, step_ms=10)
     wait_for(lambda: Job.objects.get(pk=rt.pk).worker == lane, 30, what="the RT job in the lane")
     assert lanes.served() == {"free": 1}
@@ -243,10 +246,9 @@ def test_a_lane_whose_lock_folder_others_may_write_in_does_not_start_and_says_wh
     assert lanes.served() == {}
 
 
-def _rt_consumer(worker: str, control) -> None:
-    """Stop or start `worker`'s consuming of the rt queue (cancel_consumer or add_consumer)."""
-    replies = control("rt", destination=[worker], reply=True, timeout=10)
-    assert replies, f"{worker} did not answer"
+def _rt_consumer(worker: str, consume: bool) -> None:
+    """Stop or start `worker`'s consuming of the rt queue."""
+    set_consuming(worker, "rt", consume)
 
 
 def _consume_rt_again(main: str) -> None:
@@ -255,7 +257,7 @@ def _consume_rt_again(main: str) -> None:
     broker's own record of the commands, MONITOR, shows it). The lane, busy, waits on nothing."""
     watch = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30)
     with watch.monitor() as commands:
-        _rt_consumer(main, app.control.add_consumer)
+        _rt_consumer(main, consume=True)
         for command in commands.listen():
             words = command["command"].split()
             if words[:1] == ["BRPOP"] and {"rt", "hp"} <= set(words):  # the main worker's, all queues

@@ -101,7 +101,8 @@ class PauseWatch:
                 how = "resumed: broker unreachable"
                 break
             if truth is None or truth.rt_job != request.rt_job:
-                gone = truth is None and (lane_life.lane_lost(request.rt_job) or not self._ended(request.rt_job))
+                lost = lane_life.lane_lost(request.rt_job, since=began)
+                gone = truth is None and (lost or not self._ended(request.rt_job))
                 how = "resumed: lane gone" if gone else "resumed"
                 break
             paused_s = time.monotonic() - began
