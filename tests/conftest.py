@@ -14,7 +14,7 @@ from django.conf import settings as django_settings
 from django.core.cache import cache
 
 from tests import db_engine
-from tests.harness import ROOT, GpuWorkers, RedisServer, can_sandbox
+from tests.harness import ROOT, GpuWorkers, RedisServer, can_sandbox, private_network_problem
 from tests.helpers import SHORT_LADDER, database_url
 
 
@@ -131,6 +131,8 @@ def _clean_slate(request, redis_server, crossable_dir, settings):
     # Where bubblewrap cannot run (not installed, no user namespaces), the protocol's tests run
     # programs unsandboxed; the sandbox's own tests skip, saying why.
     settings.CLOCKQ_COMMAND_SANDBOX = "bwrap" if can_sandbox() else "none"
+    # Likewise their network: their own where slirp4netns can make it (the default), else none.
+    settings.CLOCKQ_COMMAND_NETWORK = "none" if private_network_problem() else "private"
     # Test jobs run for milliseconds to seconds: a ladder on that scale, so that the order by
     # attained service shows in a test (start_workers passes it on to the workers).
     settings.CLOCKQ_SERVICE_LADDER_S = SHORT_LADDER
@@ -194,6 +196,7 @@ def start_workers(transactional_db, redis_server, settings, tmp_path):
                 "CLOCKQ_ALLOW_SAME_USER_COMMANDS": "1" if settings.CLOCKQ_ALLOW_SAME_USER_COMMANDS else "0",
                 "CLOCKQ_COMMAND_READ_PATHS": ",".join(settings.CLOCKQ_COMMAND_READ_PATHS),
                 "CLOCKQ_COMMAND_SANDBOX": settings.CLOCKQ_COMMAND_SANDBOX,
+                "CLOCKQ_COMMAND_NETWORK": settings.CLOCKQ_COMMAND_NETWORK,
                 "CLOCKQ_LOG_LEVEL": "INFO",
                 "CLOCKQ_SERVICE_LADDER_S": ",".join(repr(r) for r in settings.CLOCKQ_SERVICE_LADDER_S),
                 # A GPU's main worker alone, as these tests mean it (RT through the checkpoint

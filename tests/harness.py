@@ -8,6 +8,7 @@ Nothing here touches a process it did not start.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -132,6 +133,28 @@ def sandbox_problem() -> str:
 
 def can_sandbox() -> bool:
     return not sandbox_problem()
+
+
+@functools.cache
+def private_network_problem() -> str:
+    """Why this machine cannot give programs a network of their own (slirp4netns, as the jobs'
+    uids); '' when it can. Where it cannot, the suite's programs get CLOCKQ_COMMAND_NETWORK=none
+    (tests/conftest.py) and the tests of the private network itself are skipped, saying why."""
+    from django.conf import settings
+
+    from workers.program_network import tun_problem
+
+    if shutil.which("slirp4netns") is None:
+        return "slirp4netns is not installed (make test installs it where it may: apt-get install slirp4netns)"
+    problem = tun_problem(settings.CLOCKQ_COMMAND_UID_BASE if os.geteuid() == 0 else None)
+    return f"slirp4netns cannot make a program's network here: {problem}" if problem else ""
+
+
+def needs_private_network():
+    import pytest
+
+    problem = private_network_problem()
+    return pytest.mark.skipif(bool(problem), reason=problem or "-")
 
 
 def needs_sandbox():

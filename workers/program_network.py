@@ -34,6 +34,7 @@ from typing import IO, Any
 NS_GET_USERNS = 0xB701  # ioctl: the user namespace that owns a namespace
 READY_TIMEOUT_S = 10.0
 TAP_NAME = "tap0"
+TUN_DEVICE = "/dev/net/tun"  # slirp4netns makes the namespace's tap device through it
 
 
 class NetworkMode(enum.Enum):
@@ -125,6 +126,24 @@ class PrivateNetwork:
         self._exit_fd = self._ready_fd = -1
         self._errors.close()
         self.proc.wait()
+
+
+def tun_problem(uid: int | None) -> str:
+    """Why slirp4netns, run as `uid` (None: this process's user; its group is the same number,
+    as `launch` runs it), cannot open TUN_DEVICE; '' when it can. Judged by the device's owner
+    and mode: slirp4netns opens it from the program's user namespace, where the host checks the
+    job's own uid. Debian's is 0666; a host that made it 0600 refuses every job uid."""
+    uid = os.geteuid() if uid is None else uid
+    try:
+        st = os.stat(TUN_DEVICE)
+    except OSError as exc:
+        return f"{TUN_DEVICE}: {exc.strerror or exc}"
+    if uid == 0:
+        return ""
+    shift = 6 if st.st_uid == uid else 3 if st.st_gid == uid else 0
+    if (st.st_mode >> shift) & 0o6 == 0o6:
+        return ""
+    return f"{TUN_DEVICE} is mode {st.st_mode & 0o777:04o}, owned by uid {st.st_uid}: uid {uid} cannot open it"
 
 
 def _namespace_fds(namespace_pid: int) -> tuple[int, int]:

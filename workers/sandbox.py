@@ -60,7 +60,7 @@ from pathlib import Path
 from django.conf import settings
 
 from workers.memory_bound import MemoryPolicy, memory_policy
-from workers.program_network import NetworkMode
+from workers.program_network import TUN_DEVICE, NetworkMode, tun_problem
 from workers.workloads.base import JobRefused
 
 log = logging.getLogger("clockq.sandbox")
@@ -317,6 +317,13 @@ def sandbox_for_commands() -> Sandbox:
                 "own (CLOCKQ_COMMAND_NETWORK=private): install it (apt-get install slirp4netns), or set "
                 "CLOCKQ_COMMAND_NETWORK=none (loopback only) or host (unsafe: programs reach the host's "
                 "loopback services)"
+            )
+        problem = tun_problem(None if uids is None else uids[0])
+        if problem:
+            raise JobRefused(
+                f"slirp4netns cannot give a job's program a network of its own on this worker ({problem}); "
+                f"make it readable and writable by all (chmod 0666 {TUN_DEVICE}, Debian's default), or set "
+                "CLOCKQ_COMMAND_NETWORK=none (loopback only) or host (unsafe)"
             )
     memory = memory_policy(sandboxed=bwrap is not None)
     if memory.cgroup is not None:

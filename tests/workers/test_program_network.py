@@ -5,6 +5,7 @@ a real program in a real sandbox against a real server the test listens with."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -14,8 +15,8 @@ from django.conf import settings
 
 from clockq.jobs import workloads
 from clockq.jobs.checkpoints import CheckpointStore
-from tests.harness import needs_sandbox, processes_of, program_python
-from workers import sandbox
+from tests.harness import needs_private_network, needs_sandbox, processes_of, program_python
+from workers import program_network, sandbox
 from workers.program_network import NetworkMode
 from workers.workloads import command
 from workers.workloads.base import JobRefused, RunContext
@@ -76,6 +77,7 @@ def _no_handler_wait(monkeypatch):
     monkeypatch.setattr(command, "HANDLER_WAIT_S", 0.05)  # the probe installs no SIGUSR1 handler
 
 
+@needs_private_network()
 def test_by_default_a_program_cannot_reach_the_hosts_loopback_services_nor_see_their_ports(listener):
     assert settings.CLOCKQ_COMMAND_NETWORK == "private"  # the default
     assert listener in host_listening_ports()
@@ -91,6 +93,7 @@ def test_by_default_a_program_cannot_reach_the_hosts_loopback_services_nor_see_t
     assert report["interfaces"] == ["lo", "tap0"]
 
 
+@needs_private_network()
 def test_a_program_on_its_own_network_reaches_the_hosts_other_addresses_as_outside_ones():
     address = outside_address()
     if address is None:
@@ -103,7 +106,11 @@ def test_a_program_on_its_own_network_reaches_the_hosts_other_addresses_as_outsi
 
 @pytest.mark.parametrize(
     ("network", "reached", "interfaces"),
-    [("host", "yes", None), ("none", "Connection refused", ["lo"]), ("private", "Connection refused", ["lo", "tap0"])],
+    [
+        ("host", "yes", None),
+        ("none", "Connection refused", ["lo"]),
+        pytest.param("private", "Connection refused", ["lo", "tap0"], marks=needs_private_network()),
+    ],
 )
 def test_the_operator_may_give_programs_the_hosts_network_or_loopback_only(
     settings, listener, network, reached, interfaces
@@ -116,6 +123,7 @@ def test_the_operator_may_give_programs_the_hosts_network_or_loopback_only(
     assert (listener in report["listening"]) is (network == "host")
 
 
+@needs_private_network()
 def test_slirp4netns_runs_as_the_jobs_uid_while_the_program_runs_and_is_gone_when_it_ends(listener):
     workload, report = probe()
     assert "tap0" in report["interfaces"]  # slirp4netns had configured it before the program ran
@@ -125,10 +133,32 @@ def test_slirp4netns_runs_as_the_jobs_uid_while_the_program_runs_and_is_gone_whe
 def test_without_slirp4netns_commands_are_refused_unless_the_operator_picks_another_network(settings, monkeypatch):
     real_which = sandbox.shutil.which
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None if name == "slirp4netns" else real_which(name))
+    settings.CLOCKQ_COMMAND_NETWORK = "private"  # the default (the suite's may be none: tests/conftest.py)
     with pytest.raises(JobRefused, match=r"apt-get install slirp4netns\), or set CLOCKQ_COMMAND_NETWORK=none"):
         sandbox.sandbox_for_commands()
     settings.CLOCKQ_COMMAND_NETWORK = "none"
     assert sandbox.sandbox_for_commands().network is NetworkMode.NONE
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="programs run as uids of their own only under a root worker")
+def test_where_the_jobs_uids_cannot_open_the_tun_device_commands_are_refused_saying_how_to_fix_it(
+    settings, monkeypatch, tmp_path
+):
+    # Given a tun device that only root may open (a host that made /dev/net/tun 0600)
+    device = tmp_path / "tun"
+    device.touch(mode=0o600)
+    monkeypatch.setattr(program_network, "TUN_DEVICE", str(device))
+    settings.CLOCKQ_COMMAND_NETWORK = "private"  # the default (the suite's may be none: tests/conftest.py)
+
+    # Then a command is refused before it starts, saying why and what to do, not failed at its start
+    with pytest.raises(JobRefused, match=r"is mode 0600, owned by uid 0: uid \d+ cannot open it.*chmod 0666"):
+        sandbox.sandbox_for_commands()
+    # And the operator's other choices still run
+    settings.CLOCKQ_COMMAND_NETWORK = "none"
+    assert sandbox.sandbox_for_commands().network is NetworkMode.NONE
+    device.chmod(0o666)
+    settings.CLOCKQ_COMMAND_NETWORK = "private"
+    assert sandbox.sandbox_for_commands().network is NetworkMode.PRIVATE
 
 
 def host_listening_ports() -> set[int]:

@@ -260,8 +260,10 @@ def test_a_worker_killed_with_kill_9_leaves_no_process_of_its_job(start_workers,
     job = submit(operator, "SP", "orphan", workload="command", argv=lingerer(100_000))
     _, pids = running_program(job)
     worker = json.loads(client().get(f"clockq:worker:{Job.objects.get(pk=job.pk).worker}"))["pid"]
-    # slirp4netns, the program's network, runs as its uid and must go too (its --exit-fd closes).
-    assert "slirp4netns" in {Path(f"/proc/{pid}/comm").read_text().strip() for pid in pids}
+    # slirp4netns, the program's network, runs as its uid and must go too (its --exit-fd closes);
+    # where this machine cannot make that network, the suite's programs have none (conftest.py).
+    if settings.CLOCKQ_COMMAND_NETWORK == "private":
+        assert "slirp4netns" in {Path(f"/proc/{pid}/comm").read_text().strip() for pid in pids}
 
     os.kill(worker, signal.SIGKILL)
 
