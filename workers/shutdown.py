@@ -1,8 +1,9 @@
-"""A flag the slice runner checks at each boundary, set when this worker is asked to stop.
+"""A flag the slice runner checks at each step, set when this worker is asked to stop.
 
 gpuworkers sends SIGTERM to a worker's whole process group. The Celery parent begins its warm
-shutdown; the pool child, running a job, gets the signal here and yields at the next slice
-boundary (checkpoint and requeue), so the shutdown neither waits for the job nor loses work.
+shutdown; the pool child, running a job, gets the signal here, ends its slice at the next step
+and yields (checkpoint and requeue), so the shutdown neither waits for the job's slice, which may
+be longer than the stop's grace, nor loses work.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from clockq.policy.lanes import service_ms
 from clockq.policy.slicing import SlicePlan, plan_slice
+from workers import shutdown
 from workers.run.boundary import SliceBoundary, prefetch_lead_s
 from workers.run.claim import ClaimedJob
 from workers.run.errors import workload_errors
@@ -119,8 +120,14 @@ class StepLoop:
                         break
                     if time.perf_counter() - start >= budget_s:
                         break
-                    # An operator's change, or an urgent job that takes this GPU, ends the slice here.
-                    if interrupts.poked(self.job_id) or boundary.interrupted((last - start) * 1000):
+                    # An operator's change, an urgent job that takes this GPU, or this worker's
+                    # stop (a slice may be minutes long, longer than the stop's grace) ends the
+                    # slice here.
+                    if (
+                        interrupts.poked(self.job_id)
+                        or shutdown.requested.is_set()
+                        or boundary.interrupted((last - start) * 1000)
+                    ):
                         record.cut_short = True
                         break
                     # The GPU's RT lane takes an RT job: pause here, the state where it is.
