@@ -64,6 +64,8 @@ def test_env_helpers_refuse_bad_values(monkeypatch):
         ("CLOCKQ_CHECKPOINT_DIR", "var/ckpt", "not an absolute path"),
         ("DATABASE_URL_FILE", "/nonexistent/db-url", "DATABASE_URL_FILE='/nonexistent/db-url': cannot read it"),
         ("CLOCKQ_BEAT_LOCK_S", "1", "CLOCKQ_BEAT_LOCK_S=1.0 is outside"),
+        ("CLOCKQ_WARM_WAIT_S", "60", "CLOCKQ_WARM_WAIT_S=60.0 is outside [0.0, 10.0]"),
+        ("CLOCKQ_WARM_WAIT_S", "soon", "CLOCKQ_WARM_WAIT_S='soon' is not a number"),
     ],
 )
 def test_a_bad_setting_stops_startup_with_a_clear_error(name, value, message):

@@ -10,7 +10,7 @@ import sys
 
 from django.conf import settings
 
-from clockq.policy.tiers import QUEUES_IN_ORDER
+from clockq.policy.tiers import QUEUES_IN_ORDER, REALTIME_QUEUES
 
 
 def celery_worker_argv(name: str, host: str | None, queues: str, pool: str, loglevel: str) -> list[str]:
@@ -34,8 +34,8 @@ def gpu_worker_argv(gpu_index: int, host: str | None = None, loglevel: str = "IN
 def rt_lane_argv(gpu_index: int, host: str | None = None, loglevel: str = "INFO") -> list[str]:
     """A GPU's standby RT lane (workers/rt_lane.py): a second worker on the same GPU that takes
     only RT jobs, started beside the GPU's main worker and kept warm; task events for Flower."""
-    rt = QUEUES_IN_ORDER[0]
-    return [*celery_worker_argv(f"rt{gpu_index}", host, rt, "prefork", loglevel), "--task-events"]
+    queues = ",".join(REALTIME_QUEUES)
+    return [*celery_worker_argv(f"rt{gpu_index}", host, queues, "prefork", loglevel), "--task-events"]
 
 
 def gpu_host_argv() -> list[str]:

@@ -29,9 +29,6 @@ ALLOWED = {
     # The CLI speaks HTTP only (an import contract): it cannot import the definition, and the
     # server refuses a code that is not a tier's, naming the ones there are.
     "clockq_cli/cmd_jobs.py": "the CLI cannot import the server's packages",
-    # The launcher's RT lane takes QUEUES_IN_ORDER[0]; clockq/stack is being reworked by issue
-    # 39 item 4, which is to take REALTIME_QUEUES instead (then remove this entry).
-    "clockq/stack/roles.py": "issue 39 item 4 moves it to REALTIME_QUEUES",
 }
 
 
