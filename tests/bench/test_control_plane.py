@@ -16,10 +16,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("initdb") is None or shutil.which("pg_ctl") is None,
-    reason="the bench makes its own PostgreSQL cluster: needs initdb and pg_ctl on PATH",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("initdb") is None or shutil.which("pg_ctl") is None,
+        reason="the bench makes its own PostgreSQL cluster: needs initdb and pg_ctl on PATH",
+    ),
+    pytest.mark.slow,  # a PostgreSQL cluster and two sizes measured (about 25 s; CI's slow pass runs it)
+]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from clockq.supervision import procs
 from tests.harness import ROOT, wait_for
 from tests.stack.live_stack import ADMIN_PASSWORD, Stack
 
-pytestmark = pytest.mark.integration
+# slow: a whole `make run` stack started twice (CI's slow pass runs it).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 

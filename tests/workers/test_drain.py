@@ -120,6 +120,7 @@ def test_a_drained_host_takes_no_job_and_healthz_says_so(start_workers, alice, c
     assert job.state == "succeeded" and job.failures == 0
 
 
+@pytest.mark.slow  # about 22 s; the GPU's own drain is test_a_drained_gpu_hands_its_job_on_... (CI's slow pass runs it)
 def test_a_gpus_rt_lane_is_drained_and_resumed_with_its_gpu_and_its_host(start_workers, alice, carol):
     # Given a GPU with its standby RT lane
     start_workers(gpus=1, CLOCKQ_RT_LANE="on")

@@ -84,6 +84,7 @@ def _thaw(groups: set[int]) -> None:
         os.killpg(group, signal.SIGCONT)
 
 
+@pytest.mark.slow  # about 25 s of jobs run to their end around a kill -9 (CI's slow pass runs it)
 def test_a_worker_killed_with_a_persist_in_flight_loses_only_what_was_in_flight(start_workers, alice):
     # Two jobs take turns on one GPU with big states, so a persist is in flight most of the time.
     # The default wait bound (30 s): the claim must see for itself that nobody writes the file.

@@ -13,7 +13,8 @@ from clockq.jobs.models import Job, Slice
 from tests.harness import fill, wait_for
 from tests.helpers import submit, wait_finished
 
-pytestmark = pytest.mark.integration
+# slow: three jobs' 30 s of steps on one GPU through a full disk and back (CI's slow pass runs it).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_on_a_full_checkpoint_disk_the_running_job_keeps_its_gpu_and_switching_resumes_once_it_has_room(
