@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from django.conf import settings
@@ -18,7 +19,8 @@ from clockq.bus.client import client
 from clockq.jobs.models import Job
 from tests.harness import ROOT
 from tests.helpers import submit
-from workers.lane_life import LaneLock, LaneLockError, take_back_orphans
+from workers import lane_life
+from workers.lane_life import LaneLock, LaneLockError, LaneWatch, take_back_orphans
 
 LANE = f"rt0@{settings.CLOCKQ_HOST}"
 MAIN = f"gpu0@{settings.CLOCKQ_HOST}"
@@ -116,3 +118,19 @@ def test_a_pause_request_of_another_lane_stays(transactional_db, alice):
     lanes.request_pause(client(), MAIN, request)
     take_back_orphans(LANE, actor=MAIN)
     assert lanes.pause_request(client(), MAIN) == request
+
+
+def test_a_pause_says_lane_gone_only_if_the_lane_died_during_it(transactional_db, alice, tmp_path, monkeypatch):
+    # Given a main worker's watch that took back an RT job from its dead lane (no process holds
+    # the lane's lock, so the watch takes it at once), during a pause that began before that
+    rt = submit(alice, "RT", "inference", steps=5)
+    Job.objects.filter(pk=rt.pk).update(state="running", worker=LANE, slice_started_at=timezone.now())
+    watch = LaneWatch(MAIN, LaneLock(LANE, tmp_path, settings.REDIS_URL))
+    monkeypatch.setattr(lane_life, "_watch", watch)
+    first_pause_began = time.monotonic()
+    assert watch.watch_once() == [rt.pk]
+
+    # Then that pause's record says the lane is gone; a later pause for the same RT job, run
+    # again in the lane's next process, ends as any other
+    assert lane_life.lane_lost(rt.pk, since=first_pause_began)
+    assert not lane_life.lane_lost(rt.pk, since=time.monotonic())
