@@ -22,7 +22,7 @@ from clockq.control_state.scale_hook import ScaleHookFailed, call_scale_hook, re
 from clockq.env import parse_scale_hook
 from clockq.policy import control as rules
 from control.tasks import SCALE_OUT_MAX_RETRIES, scale_out
-from tests.harness import is_alive
+from tests.harness import is_alive, wait_for
 
 
 class Hook:
@@ -174,7 +174,9 @@ def test_a_command_that_hangs_is_killed_with_what_it_started(settings, tmp_path)
     assert len(failed) == 1 and isinstance(failed[0], ScaleHookFailed), failed
     assert re.search(r"timed out after 0\.5 s", str(failed[0]))
     started = pids.read_text().split() if pids.exists() else []  # none yet, on a slow machine
-    assert not any(is_alive(int(pid)) for pid in started)
+    # SIGKILL is delivered when the killed process next runs, and the shell's orphan is no child
+    # of ours to wait for: wait for the deaths (a hook left alive would sleep on for the hour).
+    wait_for(lambda: not any(is_alive(int(pid)) for pid in started), 30, "the hook's processes to die")
 
 
 def test_the_setting_is_a_url_or_a_command():
