@@ -20,7 +20,7 @@ from clockq.bus import queues
 from clockq.jobs.models import Job
 from clockq.jobs.transitions import transition
 from clockq.policy.states import JobState
-from clockq.policy.tiers import QUEUES_IN_ORDER
+from clockq.policy.tiers import QUEUES_IN_ORDER, tier
 
 log = logging.getLogger("clockq.reconcile")
 
@@ -32,11 +32,14 @@ def reconcile_queued_jobs() -> int:
     grace = timedelta(seconds=settings.CLOCKQ_REDISPATCH_GRACE_S)
     # Read the database first: a job queued after this read is not a candidate, and one
     # dispatched within the grace period may still have its message in flight.
-    candidates = list(
-        Job.objects.filter(state=JobState.QUEUED, dispatched_at__lt=timezone.now() - grace)
+    candidates = [
+        (job_id, token, tier(code).queue_name, enqueued_at)
+        for job_id, token, code, enqueued_at in Job.objects.filter(
+            state=JobState.QUEUED, dispatched_at__lt=timezone.now() - grace
+        )
         .order_by("enqueued_at", "id")
-        .values_list("id", "dispatch_token", "tier__queue_name", "enqueued_at")
-    )
+        .values_list("id", "dispatch_token", "tier__code", "enqueued_at")
+    ]
     if not candidates:
         return 0
     tier_queues = list(QUEUES_IN_ORDER)

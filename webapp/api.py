@@ -370,7 +370,7 @@ def queues(request):
             "held": counts.get((t.code, JobState.HELD), 0),
             "wait_target_ms": t.wait_target_ms,
         }
-        for t in QueueTier.objects.order_by("rank")
+        for t in QueueTier.objects.all()
     ]
     try:
         workers = heartbeat.live_workers()

@@ -92,7 +92,7 @@ def dashboard_data(request):
         return JsonResponse({"detail": "bad query", "errors": errors}, status=400)
     now = timezone.now()
     since = now - timedelta(minutes=minutes)
-    tiers = list(QueueTier.objects.order_by("rank"))
+    tiers = list(QueueTier.objects.all())
     return JsonResponse(
         {
             "now": plotly_time(now),

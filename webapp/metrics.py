@@ -42,6 +42,7 @@ from clockq.jobs.models import Job, QueueTier
 from clockq.policy.kpis import WAIT_BUCKETS_MS
 from clockq.policy.slicing import SliceOutcome
 from clockq.policy.states import TERMINAL_STATES, JobState
+from clockq.policy.tiers import TIER_BY_CODE
 from webapp.metrics_liveness import liveness_families
 
 WORKER_NAME = re.compile(r"gpu(\d+)@(.+)")
@@ -68,11 +69,12 @@ class ClockqCollector(Collector):
     """Everything /metrics shows, read afresh from the database and Redis on each collect()."""
 
     def collect(self) -> Iterator[Metric]:
-        tiers = list(
-            QueueTier.objects.values_list(
-                "id", "code", "queue_name", "promote_to__code", "chance_to__code", "wait_target_ms"
+        tiers = [
+            (tier_id, code, TIER_BY_CODE[code].queue_name, *rest)
+            for tier_id, code, *rest in QueueTier.objects.values_list(
+                "id", "code", "promote_to__code", "chance_to__code", "wait_target_ms"
             )
-        )
+        ]
         code_of = {tier_id: code for tier_id, code, *_ in tiers}
         codes = [code for _id, code, *_ in tiers]
         yield from _job_families(code_of)

@@ -25,6 +25,7 @@ from django.db import close_old_connections
 
 from clockq.control_state import control
 from clockq.jobs.models import Job
+from clockq.jobs.tier_rank import tier_rank
 from clockq.policy.states import JobState
 from workers.data_cache import CacheBounds, DataCache
 from workers.gpus import Gpu
@@ -39,7 +40,7 @@ def likely_jobs(gpus: Sequence[Gpu], limit: int) -> list[dict[str, Any]]:
     biggest = max((g.memory_total_mib or 0 for g in gpus), default=0)
     rows = (
         Job.objects.filter(state=JobState.QUEUED)
-        .order_by("tier__rank", "enqueued_at", "id")
+        .order_by(tier_rank("tier__code"), "enqueued_at", "id")
         .values("id", "workload", "params", "gpu_mem_mib")[: limit * 4]
     )
     fits = [r for r in rows if not r["gpu_mem_mib"] or not biggest or r["gpu_mem_mib"] <= biggest]

@@ -100,7 +100,7 @@ class TierCache:
     def get(self, tier_id: int) -> TierInfo:
         if time.monotonic() - self._loaded_at > self.ttl_s or tier_id not in self._rows:
             rows = list(QueueTier.objects.all())
-            if problems := row_problems((t.code, t.rank, t.queue_name) for t in rows):
+            if problems := row_problems(t.code for t in rows):
                 raise TierMismatch(
                     f"the tier rows disagree with clockq/policy/tiers.py: {'; '.join(problems)} "
                     "(`manage.py check --database default` lists the same)"

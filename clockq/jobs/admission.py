@@ -19,9 +19,11 @@ from clockq.control_state import control
 from clockq.control_state.models import ControlState
 from clockq.jobs import order
 from clockq.jobs.models import Job
+from clockq.jobs.tier_rank import tier_rank
 from clockq.jobs.transitions import transition
 from clockq.policy import control as rules
 from clockq.policy.states import JobState
+from clockq.policy.tiers import tier
 
 log = logging.getLogger("clockq.control")
 
@@ -75,13 +77,15 @@ def release_held_that_would_start(gpus: int, t: rules.Thresholds) -> int:
     jobs are alike to the rule, and go oldest first). Returns how many."""
     released = 0
     cluster_now: rules.Cluster | None = None
-    held_tiers = (
+    held_tiers = sorted(
         Job.objects.filter(state=JobState.HELD, held_for_admission=True)
-        .order_by("tier__rank")
-        .values_list("tier__code", "tier__rank", "tier_id")
-        .distinct()
+        .order_by()
+        .values_list("tier__code", "tier_id")
+        .distinct(),
+        key=lambda row: tier(row[0]).rank,
     )
-    for code, rank, tier_id in held_tiers:
+    for code, tier_id in held_tiers:
+        rank = tier(code).rank
         if not rules.weighs_room(code, False, hold=t.hold):
             continue  # the room does not matter: held until admission reopens
         cluster_now = cluster_now or cluster(gpus)
@@ -107,12 +111,12 @@ def _release(jobs: QuerySet[Job], actor: str, why: str, *, keep_going: Callable[
         before = released
         batch = list(
             jobs.filter(state=JobState.HELD, held_for_admission=True)
-            .order_by("tier__rank", "submitted_at", "id")
-            .values_list("id", "dispatch_token", "tier__queue_name")[:RELEASE_BATCH]
+            .order_by(tier_rank("tier__code"), "submitted_at", "id")
+            .values_list("id", "dispatch_token", "tier__code")[:RELEASE_BATCH]
         )
         if not batch:
             break
-        for job_id, token, queue in batch:
+        for job_id, token, code in batch:
             done = transition(
                 job_id,
                 to=JobState.QUEUED,
@@ -121,7 +125,7 @@ def _release(jobs: QuerySet[Job], actor: str, why: str, *, keep_going: Callable[
                 reason=f"released: {why}",
                 actor=actor,
                 rotate_token=True,
-                queue_name=queue,
+                queue_name=tier(code).queue_name,
             )
             released += done is not None
         if len(batch) < RELEASE_BATCH or released == before:

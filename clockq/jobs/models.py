@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from clockq.jobs.tier_rank import tier_rank
 from clockq.policy.promotion import TierLinks, promotion_problems
 from clockq.policy.slicing import PendingAction, SliceOutcome
 from clockq.policy.states import ACTIVE_STATES, JobState
@@ -19,14 +20,13 @@ def new_token() -> str:
 
 
 class QueueTier(models.Model):
-    """One row per tier of clockq/policy/tiers.py, seeded from it (clockq/jobs/tiers.py): its
-    code, rank and queue must agree with that definition (a system check and the workers ask);
-    the rest are the operator's settings for the tier."""
+    """One row per tier of clockq/policy/tiers.py, keyed by its code and seeded from it
+    (clockq/jobs/tiers.py): the operator's settings for the tier. What the tier is (its rank,
+    queue and flags) is the definition's alone, reached through `spec`; a system check and the
+    workers refuse rows for codes it does not define."""
 
     code = models.CharField(max_length=2, unique=True)
-    rank = models.PositiveSmallIntegerField(unique=True, help_text="0 is the most urgent tier.")
     use = models.CharField(max_length=100)
-    queue_name = models.CharField(max_length=20, unique=True, editable=False)
     wait_target_ms = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="Target wait before the first start; empty means best effort."
     )
@@ -65,16 +65,23 @@ class QueueTier(models.Model):
     )
 
     class Meta:
-        ordering = ["rank"]
+        ordering = [tier_rank()]
 
     def __str__(self) -> str:
         return f"{self.code} ({self.use})"
 
     @property
     def spec(self) -> TierSpec:
-        """What this tier is (clockq/policy/tiers.py), found by its code: the row holds only what
-        an operator tunes, and copies its rank and queue for the SQL that sorts by them."""
+        """What this tier is (clockq/policy/tiers.py), found by its code."""
         return tier(self.code)
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+    @property
+    def queue_name(self) -> str:
+        return self.spec.queue_name
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError

@@ -32,6 +32,7 @@ from clockq.bus import free_gpus
 from clockq.jobs import hot_sql
 from clockq.jobs.hot_sql import column, table
 from clockq.jobs.models import Job, QueueTier, UserShare
+from clockq.jobs.tier_rank import rank_sql
 from clockq.policy import making_way, ordering
 from clockq.policy.states import JobState
 
@@ -244,12 +245,17 @@ def _level_ms_sql() -> str:
 def _level_sql(ladder: ordering.Ladder) -> str:
     """A job's service level: its service (`_level_ms_sql`) against the rungs of the tier it is
     scheduled in (`Ladder.level`)."""
-    served, rank = _level_ms_sql(), f"t.{column(QueueTier, 'rank')}"
+    served, rank = _level_ms_sql(), _rank_sql()
     by_rank = []
     for r in range(ladder.tiers):
         steps = " ".join(f"WHEN {served} < {rung * 1000!r} THEN {i}" for i, rung in enumerate(ladder.rungs(r)))
         by_rank.append(f"WHEN {r} THEN CASE {steps} ELSE {len(ladder.rungs(r))} END")
     return f"CASE {rank} {' '.join(by_rank)} ELSE 0 END"
+
+
+def _rank_sql() -> str:
+    """The rank of the tier a job is scheduled in, from the joined tier row's code."""
+    return rank_sql(f"t.{column(QueueTier, 'code')}")
 
 
 def _promoted_sql() -> str:
@@ -271,7 +277,7 @@ def _heads_sql(_vendor: str, ladder: ordering.Ladder) -> str:
     share = f"COALESCE(s.{column(UserShare, 'weighted_gpu_s')}, 0)"
     inner = (
         f"SELECT j.{column(Job, 'id')} AS id, j.{column(Job, 'dispatch_token')} AS token, "
-        f"t.{column(QueueTier, 'rank')} AS rnk, "
+        f"{_rank_sql()} AS rnk, "
         f"{_level_sql(ladder)} AS lvl, {_promoted_sql()} AS promoted, {share} AS share {_from_sql()}"
     )
     numbered = (
@@ -283,10 +289,7 @@ def _heads_sql(_vendor: str, ladder: ordering.Ladder) -> str:
 
 @functools.cache
 def _classes_sql(_vendor: str, ladder: ordering.Ladder) -> str:
-    inner = (
-        f"SELECT t.{column(QueueTier, 'rank')} AS rnk, {_level_sql(ladder)} AS lvl, {_promoted_sql()} AS promoted "
-        f"{_from_sql()}"
-    )
+    inner = f"SELECT {_rank_sql()} AS rnk, {_level_sql(ladder)} AS lvl, {_promoted_sql()} AS promoted {_from_sql()}"
     return f"SELECT rnk, lvl, promoted, COUNT(*) FROM ({inner}) q GROUP BY rnk, lvl, promoted"
 
 
@@ -294,7 +297,7 @@ def _classes_sql(_vendor: str, ladder: ordering.Ladder) -> str:
 def _running_sql(_vendor: str, ladder: ordering.Ladder) -> str:
     share = f"COALESCE(s.{column(UserShare, 'weighted_gpu_s')}, 0)"
     return (
-        f"SELECT j.{column(Job, 'id')}, t.{column(QueueTier, 'rank')}, {_level_sql(ladder)}, {_promoted_sql()}, "
+        f"SELECT j.{column(Job, 'id')}, {_rank_sql()}, {_level_sql(ladder)}, {_promoted_sql()}, "
         f"{share}, j.{column(Job, 'switch_cost_ms')}, {_level_ms_sql()}, j.{column(Job, 'worker')} "
         f"{_from_sql()}"
     )

@@ -18,6 +18,7 @@ from clockq.jobs.models import Job, JobEvent, new_token
 from clockq.policy.service_levels import finished_on_time
 from clockq.policy.slicing import PendingAction
 from clockq.policy.states import TERMINAL_STATES, JobState, can_transition
+from clockq.policy.tiers import tier
 
 log = logging.getLogger("clockq.transitions")
 _EVERY_SWITCH = frozenset({(JobState.QUEUED, JobState.RUNNING), (JobState.RUNNING, JobState.QUEUED)})
@@ -103,7 +104,7 @@ def transition(
         )
         changed = Changed(job_id, state, fields.get("dispatch_token", current_token))
         if to == JobState.QUEUED:
-            queue = queue_name or Job.objects.filter(pk=job_id).values_list("tier__queue_name", flat=True).get()
+            queue = queue_name or tier(Job.objects.values_list("tier__code", flat=True).get(pk=job_id)).queue_name
             transaction.on_commit(lambda: publish_dispatch(job_id, changed.token, queue))
         if to in TERMINAL_STATES:
             _count_end(job_id, to)

@@ -49,7 +49,7 @@ def summary(since: datetime, until: datetime) -> dict[str, Any]:
     where capacity is 60 s for each GPU worker alive in each minute. Rates are None (JSON null)
     when their denominator is 0."""
     since, until = aligned(since, until)
-    tiers = list(QueueTier.objects.order_by("rank").values_list("id", "code", "wait_target_ms"))
+    tiers = list(QueueTier.objects.values_list("id", "code", "wait_target_ms"))
     totals = {tier_id: Totals() for tier_id, _, _ in tiers}
     workers: set[str] = set()
     gpu_minutes, busy_ms, util_ms = 0, 0.0, 0.0
@@ -124,7 +124,7 @@ def series(since: datetime, until: datetime, step_minutes: int | None = None) ->
     def index(minute: datetime) -> int:
         return (minute - since) // MINUTE // step
 
-    tiers = list(QueueTier.objects.order_by("rank").values_list("id", "code"))
+    tiers = list(QueueTier.objects.values_list("id", "code"))
     per_tier = {name: {code: [0] * points for _, code in tiers} for name in ("started", "timed_out", "on_time", "late")}
     depth: dict[str, list[int | None]] = {code: [None] * points for _, code in tiers}
     code_of = dict(tiers)

@@ -7,11 +7,12 @@ policy: whether its jobs interrupt their victim (`interrupts`), share the best-e
 (`realtime`: worthless late, see `TierSpec`). Nothing else decides which tiers exist or what
 they are: the policy asks these fields (never a rank number or a code), forms and serializers
 offer TIER_CODES, the workers consume QUEUES_IN_ORDER, and the QueueTier rows (clockq.jobs) are
-seeded from TIERS. Those rows hold what an operator may tune per tier (its description, service
-levels, slices, starvation control), starting from the numbers below; their code, rank and queue
-must agree with this table (`row_problems`), which a system check and the workers' tier cache
-both ask. tests/policy/test_tier_constants.py fails when a rank number or a tier code is written
-as a constant anywhere else in the production packages.
+seeded from TIERS. Those rows hold only what an operator may tune per tier (its description,
+service levels, slices, starvation control), starting from the numbers below, keyed by the code;
+there must be one row per tier and none for a code not defined here (`row_problems`), which a
+system check and the workers' tier cache both ask. tests/policy/test_tier_constants.py fails
+when a rank number or a tier code is written as a constant anywhere else in the production
+packages.
 """
 
 from __future__ import annotations
@@ -97,20 +98,15 @@ def at_rank(rank: int) -> TierSpec | None:
     return TIER_BY_RANK.get(rank)
 
 
-def row_problems(rows: Iterable[tuple[str, int, str]]) -> list[str]:
-    """How tier rows, as (code, rank, queue name), differ from TIERS, a sentence each; [] when
-    every defined tier has one row that agrees and there is no other."""
+def row_problems(codes: Iterable[str]) -> list[str]:
+    """How the tier rows, by their codes, differ from TIERS, a sentence each; [] when every
+    defined tier has one row and there is no other. A row holds only tunables: its rank and
+    queue are the definition's."""
     problems: list[str] = []
     seen: set[str] = set()
-    for code, rank, queue_name in rows:
-        spec = TIER_BY_CODE.get(code)
-        if spec is None:
+    for code in codes:
+        if code not in TIER_BY_CODE:
             problems.append(f"a row for tier {code!r}, which is not defined (the tiers are {', '.join(TIER_CODES)})")
-            continue
         seen.add(code)
-        if rank != spec.rank:
-            problems.append(f"tier {code}'s row has rank {rank}, its definition {spec.rank}")
-        if queue_name != spec.queue_name:
-            problems.append(f"tier {code}'s row has queue {queue_name!r}, its definition {spec.queue_name!r}")
     problems += [f"no row for tier {code} ({TIER_BY_CODE[code].use})" for code in TIER_CODES if code not in seen]
     return problems

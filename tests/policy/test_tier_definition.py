@@ -7,7 +7,7 @@ import pytest
 from clockq.policy.promotion import TierLinks, promotion_problems
 from clockq.policy.tiers import QUEUES_IN_ORDER, TIER_CODES, TIERS, UnknownTier, row_problems, tier
 
-AGREEING = [(t.code, t.rank, t.queue_name) for t in TIERS]
+AGREEING = [t.code for t in TIERS]
 
 
 def test_the_tiers_are_ranked_in_their_order_each_on_a_queue_of_its_own():
@@ -33,17 +33,12 @@ def test_a_code_that_is_not_a_tier_is_refused_naming_the_tiers():
     ("rows", "problems"),
     [
         (AGREEING, []),
-        (list(reversed(AGREEING)), []),  # the order of the rows does not matter, their ranks do
+        (list(reversed(AGREEING)), []),  # the order of the rows does not matter
         (AGREEING[:-1], ["no row for tier BK (experiments)"]),
         (
-            [*AGREEING, ("XX", 5, "xx")],
+            [*AGREEING, "XX"],
             ["a row for tier 'XX', which is not defined (the tiers are RT, HP, SP, BP, BK)"],
         ),
-        (
-            [("RT", 0, "rt"), ("HP", 2, "hp"), ("SP", 1, "sp"), ("BP", 3, "bp"), ("BK", 4, "bk")],
-            ["tier HP's row has rank 2, its definition 1", "tier SP's row has rank 1, its definition 2"],
-        ),
-        ([*AGREEING[:-1], ("BK", 4, "backup")], ["tier BK's row has queue 'backup', its definition 'bk'"]),
     ],
 )
 def test_rows_that_disagree_with_the_definition_are_named(rows, problems):
