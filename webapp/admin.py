@@ -274,6 +274,7 @@ class JobAdmin(admin.ModelAdmin):
         "worker",
         "lease_expires_at",
         "gpu_mem_mib",
+        "gpus",
         "placement_note",
         "util_ewma",
         "switch_cost_ms",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, Sum
 from django.shortcuts import get_object_or_404
 from drf_spectacular.contrib.knox_auth_token import KnoxTokenScheme
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -18,7 +18,7 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 
 from clockq.bus import heartbeat
-from clockq.fleet import registry
+from clockq.fleet import capacity, registry
 from clockq.jobs import promotion, services
 from clockq.jobs.models import Job, QueueTier
 from clockq.policy.states import JobState
@@ -36,7 +36,7 @@ from webapp.serializers import (
     SliceSerializer,
 )
 
-SUBMIT_FIELDS = {"name", "tier", "workload", "params", "deadline", "gpu_mem_mib"}
+SUBMIT_FIELDS = {"name", "tier", "workload", "params", "deadline", "gpu_mem_mib", "gpus"}
 
 # The answers every API call may get, besides its own (for the OpenAPI schema, GET /api/schema).
 COMMON_ERRORS = {
@@ -353,12 +353,13 @@ def job_promote(request, job_id: int):
 )
 @api_view(["GET"])
 def queues(request):
-    counts = {
-        (row["tier__code"], row["state"]): row["n"]
-        for row in Job.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING, JobState.HELD])
+    rows = (
+        Job.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING, JobState.HELD])
         .values("tier__code", "state")
-        .annotate(n=Count("id"))
-    }
+        .annotate(n=Count("id"), gpus=Sum("gpus"))
+    )
+    counts = {(row["tier__code"], row["state"]): row["n"] for row in rows}
+    gpus = {(row["tier__code"], row["state"]): row["gpus"] for row in rows}
     tiers = [
         {
             "tier": t.code,
@@ -368,6 +369,8 @@ def queues(request):
             "waiting": counts.get((t.code, JobState.QUEUED), 0),
             "running": counts.get((t.code, JobState.RUNNING), 0),
             "held": counts.get((t.code, JobState.HELD), 0),
+            "gpus_waiting": gpus.get((t.code, JobState.QUEUED), 0),  # the GPUs its waiting jobs ask for
+            "gpus_running": gpus.get((t.code, JobState.RUNNING), 0),
             "wait_target_ms": t.wait_target_ms,
         }
         for t in QueueTier.objects.all()
@@ -384,7 +387,19 @@ def queues(request):
             worker["drained"] = drained.get(worker.get("hostname"))
         if not request.user.is_staff:
             workers = [_without_staff_fields(worker) for worker in workers]
-    return Response({"tiers": tiers, "workers": workers})
+    return Response({"tiers": tiers, "workers": workers, "gpus": _gpus_now(workers)})
+
+
+def _gpus_now(workers: list[dict] | None) -> dict:
+    """The cluster's GPUs against what the tiers ask for: registered, live (a GPU worker's
+    heartbeat) and free (live and running no job). Live and free are null while the broker
+    does not answer: the heartbeats are there."""
+    found: dict[str, int | None] = {"registered": capacity.cluster_gpus(), "live": None, "free": None}
+    if workers is not None:
+        live = {w["hostname"] for w in workers if w.get("gpu") is not None and not w.get("rt_lane_of")}
+        busy = set(Job.objects.filter(state=JobState.RUNNING, worker__in=live).values_list("worker", flat=True))
+        found.update(live=len(live), free=len(live - busy))
+    return found
 
 
 # What of a worker's heartbeat only staff see. A process id tells a user which process on the host

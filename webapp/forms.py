@@ -14,6 +14,7 @@ from django.conf import settings
 from django.forms.fields import InvalidJSONInput, JSONString
 from django.utils import timezone
 
+from clockq.fleet import capacity
 from clockq.jobs import quotas, workloads
 from clockq.jobs.workload_params import clean_params
 from clockq.policy.tiers import DEFAULT_TIER, TIER_CODES
@@ -101,6 +102,14 @@ class JobSubmitForm(forms.Form):
         label="GPU memory (MiB)",
         help_text="Optional; the job only starts on a GPU with this much free memory.",
     )
+    gpus = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=10_000,
+        initial=1,
+        label="GPUs",
+        help_text="How many GPUs the job needs at once (1 if empty).",
+    )
 
     def __init__(self, *args, user=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -124,7 +133,14 @@ class JobSubmitForm(forms.Form):
             "params": cd["params"],
             "deadline": cd["deadline"],
             "gpu_mem_mib": cd.get("gpu_mem_mib"),
+            "gpus": cd.get("gpus") or 1,
         }
+
+    def clean_gpus(self):
+        gpus = self.cleaned_data.get("gpus") or 1
+        if problem := capacity.gpus_problem(gpus):
+            raise forms.ValidationError(problem, code="too_many_gpus")
+        return gpus
 
     def clean_params(self):
         params = self.cleaned_data.get("params")

@@ -15,11 +15,16 @@ from webapp.templatetags.clockq_format import error_line
 
 
 class SliceSerializer(serializers.ModelSerializer):
+    # Every GPU worker of the slice, rank 0's first (`worker`). A slice runs on one GPU until
+    # the workers run gangs (clockq/fleet/capacity.py), so the list is that one worker.
+    workers = serializers.SerializerMethodField()
+
     class Meta:
         model = Slice
         fields = [
             "id",
             "worker",
+            "workers",
             "gpu_index",
             "started_at",
             "ended_at",
@@ -36,6 +41,10 @@ class SliceSerializer(serializers.ModelSerializer):
             "gpu_util",
             "plan_reason",
         ]
+
+    @extend_schema_field({"type": "array", "items": {"type": "string"}})
+    def get_workers(self, piece: Slice) -> list[str]:
+        return [piece.worker] if piece.worker else []
 
 
 class EventSerializer(serializers.ModelSerializer):
@@ -105,6 +114,7 @@ class JobSerializer(BuiltOnceFields, serializers.ModelSerializer):
             "skipped_rounds",
             "finished_at",
             "gpu_mem_mib",
+            "gpus",
             "placement_note",
             "util_ewma",
             "switch_cost_ms",
@@ -227,6 +237,12 @@ class _JobSubmitBase(serializers.Serializer):
         min_value=1,
         max_value=4 * 2**20,
         help_text="The job only starts on a GPU with this much free memory.",
+    )
+    gpus = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        default=1,
+        help_text="GPUs the job needs at once; more than the cluster can run is refused, naming the most it can.",
     )
 
 

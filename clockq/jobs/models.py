@@ -182,6 +182,11 @@ class Job(models.Model):
     gpu_mem_mib = models.PositiveIntegerField(
         null=True, blank=True, help_text="GPU memory the job needs; it only starts on a GPU with this much free."
     )
+    # A gang: all its GPUs at once or none (clockq/policy/gangs.py). Checked at submit against
+    # the cluster (clockq/fleet/capacity.py).
+    gpus = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1)], help_text="GPUs the job needs at once."
+    )
     placement_note = models.CharField(max_length=300, blank=True, default="", help_text="Why it is not running.")
     failures = models.PositiveIntegerField(default=0, help_text="Failed slices since the last success or requeue.")
     last_error = models.TextField(blank=True, default="")

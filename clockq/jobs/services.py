@@ -34,6 +34,7 @@ def submit_job(
     params: dict,
     deadline=None,
     gpu_mem_mib: int | None = None,
+    gpus: int = 1,
     actor: str | None = None,
 ) -> Job:
     """Create a queued job from already-validated input and send its wake-up message. Raises
@@ -49,6 +50,7 @@ def submit_job(
         "params": params,
         "deadline": deadline,
         "gpu_mem_mib": gpu_mem_mib,
+        "gpus": gpus,
     }
     return submit_jobs(owner, [submission], actor)[0]
 
@@ -82,6 +84,7 @@ def submit_jobs(owner, submissions: list[dict], actor: str | None = None) -> lis
                 workload=sub["workload"],
                 params=sub["params"],
                 gpu_mem_mib=sub.get("gpu_mem_mib"),
+                gpus=sub.get("gpus") or 1,
                 deadline=sub.get("deadline"),
                 state=S.QUEUED if admitted else S.HELD,
                 enqueued_at=now if admitted else None,

@@ -26,3 +26,10 @@ def test_only_staff_see_the_process_ids_of_the_workers(client, start_workers, bo
     assert all("pid" not in w for w in seen_by_bob), seen_by_bob
     assert {w["pid"] for w in seen_by_carol if w.get("gpu") is not None} <= pids
     assert all(isinstance(w["pid"], int) for w in seen_by_carol)
+
+
+def test_the_queues_say_the_gpus_live_and_free_against_the_gpus_the_tiers_ask_for(client, start_workers, bob):
+    start_workers(gpus=1)
+    seen = client.get("/api/queues", **token_auth(bob)).json()
+    assert seen["gpus"] == {"registered": 1, "live": 1, "free": 1}  # an idle worker, nothing asked
+    assert all(t["gpus_waiting"] == 0 and t["gpus_running"] == 0 for t in seen["tiers"])
