@@ -137,6 +137,7 @@ JOB = Record(
         "first_started_at": TEXT,
         "finished_at": TEXT,
         "deadline": TEXT,
+        "gpus": WHOLE,  # optional: a server older than multi-GPU jobs does not send it
         "slices": WHOLE,
         "checkpoint_generation": WHOLE,
         "failures": WHOLE,

@@ -23,16 +23,22 @@ ACTIVE_STATES = ("held", "queued", "running")
 @click.command(short_help="Submit jobs from a YAML or JSON file (like sbatch).")
 @click.argument("job_file", type=click.File("r"))
 @click.option("--tier", type=click.Choice(TIERS), help="Submit every job to this tier, whatever the file says.")
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    help="Every job needs this many GPUs at once, whatever the file says (without it: each job's "
+    "own gpus, else 1). The server refuses more than the cluster can run, saying its largest.",
+)
 @click.option("--wait", is_flag=True, help="Wait until every job has ended; exit 6 unless all succeeded.")
 @json_option
-def submit(job_file: IO[str], tier: str | None, wait: bool, as_json: bool) -> None:
+def submit(job_file: IO[str], tier: str | None, gpus: int | None, wait: bool, as_json: bool) -> None:
     """Submit the job or jobs in JOB_FILE (YAML or JSON; `-` reads stdin).
 
     A file holds one job or a list of them, each as the API takes it: name, tier, workload,
-    params, and optionally deadline and gpu_mem_mib. A list is one batch: all are submitted, or
-    none and every refused entry is named.
+    params, and optionally deadline, gpu_mem_mib and gpus (how many GPUs it needs at once; 1 by
+    default). A list is one batch: all are submitted, or none and every refused entry is named.
     """
-    jobs = read_jobs(job_file, job_file.name, tier=tier)
+    jobs = read_jobs(job_file, job_file.name, tier=tier, gpus=gpus)
     api = connect(exact=as_json)
     created = _submit_batch(api, jobs)
     if wait:

@@ -1,6 +1,7 @@
 """A job file: one job (a mapping) or a list of them, in YAML or JSON, as the API's submit takes
-them (`name`, `tier`, `workload`, `params`, `deadline`, `gpu_mem_mib`). The CLI checks only the
-shape; the server checks every field and names what it refuses."""
+them (`name`, `tier`, `workload`, `params`, `deadline`, `gpu_mem_mib`, `gpus`). The CLI checks only
+the shape; the server checks every field and names what it refuses, so the two never disagree on
+what a field may be (how many GPUs a job may ask for depends on the cluster, which only it knows)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import yaml
 from clockq_cli.exits import CliError, ExitCode
 
 
-def read_jobs(source: IO[str], name: str, *, tier: str | None = None) -> list[dict[str, Any]]:
-    """The jobs in `source` (a file named `name`, or stdin as "-"), each with `tier` set when given."""
+def read_jobs(source: IO[str], name: str, *, tier: str | None = None, gpus: int | None = None) -> list[dict[str, Any]]:
+    """The jobs in `source` (a file named `name`, or stdin as "-"), each with `tier` and `gpus` set
+    when given, whatever the file says (the command line's options win, as sbatch's do)."""
     try:
         text = source.read()
     except (OSError, UnicodeDecodeError) as exc:
@@ -28,9 +30,8 @@ def read_jobs(source: IO[str], name: str, *, tier: str | None = None) -> list[di
         if not isinstance(job, dict):
             where = f"entry {index} of {name}" if isinstance(data, list) else name
             raise CliError(f"{where} is not a job (a mapping of name, tier, workload, params)", ExitCode.USAGE)
-    if tier is not None:
-        jobs = [{**job, "tier": tier} for job in jobs]
-    return jobs
+    overrides = {key: value for key, value in (("tier", tier), ("gpus", gpus)) if value is not None}
+    return [{**job, **overrides} for job in jobs]
 
 
 def entry_labels(jobs: list[dict[str, Any]]) -> dict[str, str]:

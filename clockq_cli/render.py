@@ -74,6 +74,12 @@ def tier(job: dict[str, Any]) -> str:
     return f"{now} (from {original})" if original and original != now else str(now)
 
 
+def gpu_count(job: dict[str, Any]) -> str:
+    """How many GPUs a job needs at once; a server older than multi-GPU jobs says nothing: 1."""
+    count = job.get("gpus")
+    return "1" if count is None else str(count)
+
+
 def jobs_table(jobs: list[dict[str, Any]], *, title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left", box=None, header_style="bold")
     for name, justify in [
@@ -81,6 +87,7 @@ def jobs_table(jobs: list[dict[str, Any]], *, title: str | None = None) -> Table
         ("NAME", "left"),
         ("USER", "left"),
         ("TIER", "left"),
+        ("GPUS", "right"),
         ("STATE", "left"),
         ("PROGRESS", "right"),
         ("WAIT", "right"),
@@ -95,6 +102,7 @@ def jobs_table(jobs: list[dict[str, Any]], *, title: str | None = None) -> Table
             job["name"],
             job["owner"],
             tier(job),
+            gpu_count(job),
             state(job["state"]),
             share(job.get("progress")),
             duration(job.get("wait_ms")),
@@ -128,6 +136,7 @@ def job_detail(job: dict[str, Any], metrics: dict[str, Any] | None, result: dict
         ("state", state(job["state"])),
         ("owner", job["owner"]),
         ("tier", tier(job)),
+        ("gpus", gpu_count(job)),
         ("workload", f"{job['workload']} {json.dumps(job.get('params') or {})}"),
         ("progress", share(job.get("progress"))),
         ("submitted", when(job.get("submitted_at"))),

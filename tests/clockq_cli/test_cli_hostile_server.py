@@ -126,6 +126,7 @@ def endless(chunk: bytes) -> Iterator[bytes]:
         (["jobs"], Reply(200, b'{"count": NaN, "results": []}'), "the answer.count is a number, not a whole number"),
         (["jobs"], Reply(200, b"[" * 100_000), "did not answer as clockq's API does (HTTP 200"),
         (["show", "1"], as_json(job(1, name=5)), "the answer.name is a number, not text"),
+        (["jobs"], as_json({"count": 1, "results": [job(1, gpus="2")]}), "results[0].gpus is text, not a whole"),
         (["show", "1"], as_json(job(1, wait_ms=float("inf"))), None),
         (["queues"], as_json({"tiers": "RT"}), "the answer.tiers is text, not a list"),
         (["queues"], as_json({"tiers": [], "workers": [{"started": "yesterday"}]}), "workers[0].started is text"),

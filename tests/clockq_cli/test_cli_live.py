@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import stat
@@ -110,6 +111,46 @@ def test_submit_with_tier_puts_every_job_in_that_tier_and_reads_json_from_stdin(
     done = clockq("submit", "-", "--tier", "HP", "--json", stdin=body)
     assert done.code == 0, done.err
     assert [j["tier"] for j in done.json()] == ["HP", "HP"]
+
+
+def synthetic(name: str, tier: str = "SP", **fields) -> dict:
+    return {"name": name, "tier": tier, "workload": "synthetic", **fields}
+
+
+def test_submit_with_gpus_sets_every_job_and_jobs_and_show_give_the_count(clockq):
+    # Given a batch whose first job asks for GPUs of its own and whose second says nothing
+    body = json.dumps([synthetic("a", gpus=3), synthetic("b", "BK")])
+
+    # When alice submits it with --gpus 1 (what a cluster of one-GPU workers runs)
+    done = clockq("submit", "-", "--gpus", "1", "--json", stdin=body)
+
+    # Then --gpus won over the file's, as --tier does, and the answers carry the count
+    assert done.code == 0, done.err
+    created = done.json()
+    assert [j["gpus"] for j in created] == [1, 1]
+    assert Job.objects.filter(gpus=1).count() == 2
+    table = clockq("jobs")
+    assert table.code == 0 and "GPUS" in table.out, table.err
+    shown = clockq("show", str(created[0]["id"]))
+    assert shown.code == 0 and re.search(r"^gpus +1 *$", shown.out, re.MULTILINE), shown.out
+
+
+@pytest.mark.parametrize("gpus", [10_000, 0, True])
+def test_a_job_file_asking_for_gpus_the_server_refuses_submits_nothing_and_names_the_field(clockq, tmp_path, gpus):
+    # The CLI sends the file's gpus as it is: the server alone knows the cluster's largest
+    job_file = tmp_path / "gang.json"
+    job_file.write_text(json.dumps([synthetic("fine"), synthetic("gang", gpus=gpus)]))
+    done = clockq("submit", str(job_file))
+    assert done.code == 1 and "entry 1 (gang): gpus: " in done.err, done.err
+    no_traceback(done)
+    assert Job.objects.count() == 0
+
+
+def test_submit_gpus_beyond_the_cluster_is_refused_with_the_servers_words(clockq):
+    done = clockq("submit", "-", "--gpus", "10000", stdin=json.dumps(synthetic("big")))
+    assert done.code == 1 and "entry 0 (big): gpus: " in done.err, done.err
+    no_traceback(done)
+    assert Job.objects.count() == 0
 
 
 def test_a_refused_job_file_submits_nothing_and_names_the_entry_and_field(clockq, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import stat
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from clockq_cli import config
 from clockq_cli.client import describe_refusal
 from clockq_cli.exits import CliError, ExitCode
 from clockq_cli.jobfile import entry_labels, read_jobs
+from tests.clockq_cli.conftest import Clockq
 from tests.harness import ROOT
 
 
@@ -30,6 +32,25 @@ def test_a_job_file_holds_one_job_or_a_list_in_yaml_or_json():
     listed = jobs_from(json.dumps([{"name": "a"}, {"name": "b", "tier": "BK"}]), "jobs.json", tier="HP")
     assert [j["tier"] for j in listed] == ["HP", "HP"]
     assert entry_labels([{"name": "a"}, {}]) == {"0": "entry 0 (a)", "1": "entry 1"}
+
+
+def test_gpus_from_the_command_line_goes_to_every_job_and_the_files_own_goes_as_it_is():
+    text = "- {name: a, gpus: 4}\n- {name: b}\n- {name: c, gpus: true}\n"
+    # --gpus wins over the file, as --tier does: this is the body the batch is sent as
+    assert [job["gpus"] for job in jobs_from(text, gpus=2)] == [2, 2, 2]
+    assert jobs_from(text, gpus=2, tier="BK")[1] == {"name": "b", "gpus": 2, "tier": "BK"}
+    # Without it, each job goes as the file gives it: no gpus is the server's default of 1, and
+    # a value the server would refuse (true is no count) is the server's to name, not guessed here
+    assert jobs_from(text) == [{"name": "a", "gpus": 4}, {"name": "b"}, {"name": "c", "gpus": True}]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_submit_gpus_is_a_whole_number_from_1_before_anything_is_sent(tmp_path, value):
+    # Port 9 (discard) on this machine: nothing listens, and a usage error never asks it
+    cli = Clockq(url="http://127.0.0.1:9", token="t", config_home=tmp_path / "config", cwd=tmp_path)
+    done = cli("submit", "-", "--gpus", value, stdin='{"name": "a"}')
+    assert done.code == 2 and "Invalid value for '--gpus'" in done.err, done.err
+    assert "cannot reach" not in done.err
 
 
 @pytest.mark.parametrize(
@@ -138,3 +159,24 @@ def test_show_gives_staff_the_whole_traceback_and_others_the_last_line():
     assert line in shown(last_error=line, last_error_traceback=None)
     assert "Traceback" not in shown(last_error=line, last_error_traceback=None)
     assert "Traceback" in shown(last_error=line, last_error_traceback=trace)
+
+
+def test_jobs_and_show_give_each_jobs_gpus_and_an_older_servers_answer_counts_as_1():
+    from rich.console import Console
+
+    from clockq_cli import render
+
+    job = {"id": 7, "name": "j", "state": "queued", "owner": "alice", "tier": "SP", "workload": "synthetic"}
+    gang, older = {**job, "gpus": 4}, dict(job)  # a server older than multi-GPU jobs sends no gpus
+
+    table = render.jobs_table([gang, older, {**job, "gpus": None}])
+    (column,) = [c for c in table.columns if c.header == "GPUS"]
+    assert list(column.cells) == ["4", "1", "1"]
+
+    def shown(job: dict) -> str:
+        console = Console(file=io.StringIO(), width=200)
+        console.print(render.job_detail(job, None, None))
+        return console.file.getvalue()
+
+    assert re.search(r"^gpus +4 *$", shown(gang), re.MULTILINE), shown(gang)
+    assert re.search(r"^gpus +1 *$", shown(older), re.MULTILINE), shown(older)
