@@ -11,7 +11,7 @@ from django.test import override_settings
 
 from clockq.bus import counters, signals
 from clockq.jobs import services
-from clockq.jobs.models import Job
+from clockq.jobs.models import Job, QueueTier
 from tests.harness import wait_for
 from tests.helpers import submit
 from workers.persister import Persister
@@ -177,6 +177,9 @@ def test_a_read_still_in_flight_at_the_boundary_is_waited_for_not_made_again(ali
 
     monkeypatch.setattr(SliceBoundary, "_read_boundary", read)
     monkeypatch.setattr(SliceBoundary, "_prefetched", prefetched)
+    # A slice of many steps: one 20 ms step that takes longer than a 50 ms slice on a loaded
+    # machine ends it before its last-step read begins, and a fresh read is then right.
+    QueueTier.objects.filter(code="SP").update(base_slice_ms=400)
     job = submit(alice, "SP", "busy", steps=400, step_ms=20)
     submit(alice, "SP", "rival", steps=1)  # waiting: the boundary yields to it
 
