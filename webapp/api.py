@@ -392,13 +392,14 @@ def queues(request):
 
 def _gpus_now(workers: list[dict] | None) -> dict:
     """The cluster's GPUs against what the tiers ask for: registered, live (a GPU worker's
-    heartbeat) and free (live and running no job). Live and free are null while the broker
-    does not answer: the heartbeats are there."""
+    heartbeat) and free (live, not drained and running no job). Live and free are null while
+    the broker does not answer: the heartbeats are there."""
     found: dict[str, int | None] = {"registered": capacity.cluster_gpus(), "live": None, "free": None}
     if workers is not None:
-        live = {w["hostname"] for w in workers if w.get("gpu") is not None and not w.get("rt_lane_of")}
+        mains = [w for w in workers if w.get("hostname") and w.get("gpu") is not None and not w.get("rt_lane_of")]
+        live = {w["hostname"] for w in mains}
         busy = set(Job.objects.filter(state=JobState.RUNNING, worker__in=live).values_list("worker", flat=True))
-        found.update(live=len(live), free=len(live - busy))
+        found.update(live=len(live), free=len(live - busy - {w["hostname"] for w in mains if w.get("drained")}))
     return found
 
 

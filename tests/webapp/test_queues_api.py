@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from clockq.fleet import drains
 from tests.helpers import token_auth
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the worker process reads committed rows
@@ -33,3 +34,7 @@ def test_the_queues_say_the_gpus_live_and_free_against_the_gpus_the_tiers_ask_fo
     seen = client.get("/api/queues", **token_auth(bob)).json()
     assert seen["gpus"] == {"registered": 1, "live": 1, "free": 1}  # an idle worker, nothing asked
     assert all(t["gpus_waiting"] == 0 and t["gpus_running"] == 0 for t in seen["tiers"])
+
+    (worker,) = [w["hostname"] for w in seen["workers"] if w.get("gpu") is not None]
+    drains.drain_worker(worker, actor="test")  # a drained GPU takes no job: live, not free
+    assert client.get("/api/queues", **token_auth(bob)).json()["gpus"] == {"registered": 1, "live": 1, "free": 0}
