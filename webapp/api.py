@@ -17,7 +17,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 
-from clockq.bus import heartbeat
+from clockq.bus import free_gpus, heartbeat
 from clockq.fleet import capacity, registry
 from clockq.jobs import promotion, services
 from clockq.jobs.models import Job, QueueTier
@@ -391,15 +391,17 @@ def queues(request):
 
 
 def _gpus_now(workers: list[dict] | None) -> dict:
-    """The cluster's GPUs against what the tiers ask for: registered, live (a GPU worker's
-    heartbeat) and free (live, not drained and running no job). Live and free are null while
-    the broker does not answer: the heartbeats are there."""
+    """The cluster's GPUs against what the tiers ask for: registered, live (a GPU's main worker
+    has a heartbeat) and free (clockq/bus/free_gpus.py's definition: live, taking jobs and
+    running none). Live and free are null while the broker does not answer: the heartbeats are
+    there."""
     found: dict[str, int | None] = {"registered": capacity.cluster_gpus(), "live": None, "free": None}
     if workers is not None:
-        mains = [w for w in workers if w.get("hostname") and w.get("gpu") is not None and not w.get("rt_lane_of")]
-        live = {w["hostname"] for w in mains}
-        busy = set(Job.objects.filter(state=JobState.RUNNING, worker__in=live).values_list("worker", flat=True))
-        found.update(live=len(live), free=len(live - busy - {w["hostname"] for w in mains if w.get("drained")}))
+        takers = free_gpus.idle_candidates(workers, besides="")
+        running = Job.objects.filter(state=JobState.RUNNING, worker__in=takers).values_list("worker", flat=True)
+        found.update(
+            live=sum(1 for w in workers if w.get("gpu") is not None), free=len(free_gpus.free_of(takers, running))
+        )
     return found
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from clockq.fleet import drains
+from tests.harness import wait_for
 from tests.helpers import token_auth
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the worker process reads committed rows
@@ -37,4 +38,9 @@ def test_the_queues_say_the_gpus_live_and_free_against_the_gpus_the_tiers_ask_fo
 
     (worker,) = [w["hostname"] for w in seen["workers"] if w.get("gpu") is not None]
     drains.drain_worker(worker, actor="test")  # a drained GPU takes no job: live, not free
-    assert client.get("/api/queues", **token_auth(bob)).json()["gpus"] == {"registered": 1, "live": 1, "free": 0}
+    # Free as the worker says it: once its heartbeat says it stopped taking jobs.
+    wait_for(
+        lambda: client.get("/api/queues", **token_auth(bob)).json()["gpus"] == {"registered": 1, "live": 1, "free": 0},
+        30,
+        "the drained worker's heartbeat to say it takes no jobs",
+    )
