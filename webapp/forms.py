@@ -133,7 +133,7 @@ class JobSubmitForm(forms.Form):
             "params": cd["params"],
             "deadline": cd["deadline"],
             "gpu_mem_mib": cd.get("gpu_mem_mib"),
-            "gpus": cd.get("gpus") or 1,
+            "gpus": cd["gpus"],  # clean_gpus: 1 when left empty
         }
 
     def clean_gpus(self):

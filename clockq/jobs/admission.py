@@ -78,14 +78,13 @@ def release_held_that_would_start(gpus: int, t: rules.Thresholds) -> int:
     released = 0
     cluster_now: rules.Cluster | None = None
     held_tiers = sorted(
-        Job.objects.filter(state=JobState.HELD, held_for_admission=True)
+        (tier(code).rank, code, tier_id)
+        for code, tier_id in Job.objects.filter(state=JobState.HELD, held_for_admission=True)
         .order_by()
         .values_list("tier__code", "tier_id")
-        .distinct(),
-        key=lambda row: tier(row[0]).rank,
+        .distinct()
     )
-    for code, tier_id in held_tiers:
-        rank = tier(code).rank
+    for rank, code, tier_id in held_tiers:
         if not rules.weighs_room(code, False, hold=t.hold):
             continue  # the room does not matter: held until admission reopens
         cluster_now = cluster_now or cluster(gpus)

@@ -11,8 +11,10 @@ A gang needs all its GPUs at once: it starts on all of them or on none. Where it
 
 Ranks are numbered host by host, rank 0 on the first host (its address is the gang's
 MASTER_ADDR), so each host's ranks are consecutive and LOCAL_RANK is a rank's place on its host.
-Everything here is pure: the live claim, the submit check and the simulator ask the same
-functions with what they know.
+Everything here is pure. The submit check asks `size_problem` (clockq/fleet/capacity.py);
+`place` is the rule the live gang claim is to ask, and the replay too once its cluster has
+hosts: neither does yet (the workers run each job on one GPU, and the replay counts GPUs in one
+pool).
 """
 
 from __future__ import annotations
